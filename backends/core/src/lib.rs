@@ -1,0 +1,151 @@
+//! The device abstraction of ft-actor.
+//!
+//! Scheduling code is written once against [`Backend`] and never names CUDA, wgpu or CPU
+//! types. The trait is object-safe (held as `Arc<dyn Backend>`): ops are chosen by
+//! descriptors and enums, never by generic methods. [`reference`] holds plain, obviously
+//! correct implementations of every op that [`conformance`] checks each backend against.
+
+pub mod buffer;
+pub mod conformance;
+pub mod dtype;
+pub mod error;
+pub mod ops;
+pub mod reference;
+
+pub use buffer::{BufferStorage, BufferUsage, DeviceBuffer, HostBytes};
+pub use dtype::DType;
+pub use error::{BackendError, Result};
+pub use ops::*;
+
+use std::any::Any;
+
+/// Which implementation a backend is (for logs, `info` and error messages only).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum BackendKind {
+    /// Host CPU, SIMD where available.
+    Cpu,
+    /// NVIDIA GPU through the CUDA driver API.
+    Cuda,
+    /// Any Vulkan/Metal/DX12/GL adapter through wgpu.
+    Wgpu,
+}
+
+impl std::fmt::Display for BackendKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            BackendKind::Cpu => "cpu",
+            BackendKind::Cuda => "cuda",
+            BackendKind::Wgpu => "wgpu",
+        })
+    }
+}
+
+/// Free and total device memory in bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MemoryInfo {
+    /// Bytes still available for allocation.
+    pub free: u64,
+    /// Bytes the device has in all.
+    pub total: u64,
+}
+
+/// A queue of device work. Stream 0 is the compute stream every backend has.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct StreamId(pub u32);
+
+impl StreamId {
+    /// The compute stream on which all kernels run.
+    pub const COMPUTE: StreamId = StreamId(0);
+}
+
+/// A point in a stream's work that other streams (or the host) can wait for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct EventId(pub u64);
+
+/// The device abstraction: memory, copies on streams with events, and the model's kernels.
+///
+/// Activations are always `f32`; weights may be `f32`, `bf16` or `f16`. Kernels run on
+/// [`StreamId::COMPUTE`] in submission order; copies run on the stream they are given.
+/// Every method returns a typed error instead of panicking on bad shapes or dtypes.
+pub trait Backend: Send + Sync {
+    /// Which implementation this is.
+    fn kind(&self) -> BackendKind;
+    /// A human-readable device description (e.g. CPU model and SIMD level, GPU name).
+    fn device_name(&self) -> String;
+    /// Free/total device memory.
+    fn memory_info(&self) -> Result<MemoryInfo>;
+    /// Whether `op` is implemented for weights (or data) of `dtype`.
+    fn supports(&self, op: Op, dtype: DType) -> bool;
+    /// For downcasting in tests and backend-specific tooling.
+    fn as_any(&self) -> &dyn Any;
+
+    // --- memory -------------------------------------------------------------------------
+    /// Allocates a zero-filled buffer of `len` elements.
+    fn alloc(&self, dtype: DType, len: usize, usage: BufferUsage) -> Result<DeviceBuffer>;
+    /// Makes host bytes (e.g. a slice of a memory-mapped file) usable as a device buffer.
+    /// A backend whose device memory is host memory may use the bytes in place (no copy).
+    fn import_host(&self, data: HostBytes, dtype: DType, usage: BufferUsage) -> Result<DeviceBuffer>;
+    /// Copies host bytes into `dst` starting at byte `dst_offset`, ordered on `stream`.
+    fn upload(&self, stream: StreamId, src: &[u8], dst: &mut DeviceBuffer, dst_offset: usize) -> Result<()>;
+    /// Copies bytes of `src` starting at byte `src_offset` into `dst`; returns when done.
+    fn download(&self, stream: StreamId, src: &DeviceBuffer, src_offset: usize, dst: &mut [u8]) -> Result<()>;
+    /// Device-to-device copy of `desc.len` elements of the same dtype.
+    fn copy(&self, stream: StreamId, src: &DeviceBuffer, dst: &mut DeviceBuffer, desc: &CopyDesc) -> Result<()>;
+
+    // --- streams and events ---------------------------------------------------------------
+    /// Creates a new stream (e.g. a copy stream beside the compute stream).
+    fn create_stream(&self) -> Result<StreamId>;
+    /// Records an event after all work submitted so far to `stream`.
+    fn record_event(&self, stream: StreamId) -> Result<EventId>;
+    /// Makes later work on `stream` wait until `event` has completed.
+    fn wait_event(&self, stream: StreamId, event: EventId) -> Result<()>;
+    /// Whether `event` has completed (non-blocking).
+    fn event_done(&self, event: EventId) -> Result<bool>;
+    /// Blocks the host until all work on `stream` has completed.
+    fn synchronize(&self, stream: StreamId) -> Result<()>;
+
+    // --- kernels --------------------------------------------------------------------------
+    /// `out[n, m] = x[n, k] · w[m, k]ᵀ (+ bias[m])`; GEMV when `n == 1`.
+    fn matmul(
+        &self,
+        x: &DeviceBuffer,
+        w: &DeviceBuffer,
+        bias: Option<&DeviceBuffer>,
+        out: &mut DeviceBuffer,
+        desc: &MatmulDesc,
+    ) -> Result<()>;
+    /// Row-wise RMS normalisation: `out = x / rms(x) * w` (or `* (1 + w)`).
+    fn rms_norm(&self, x: &DeviceBuffer, w: &DeviceBuffer, out: &mut DeviceBuffer, desc: &RmsNormDesc) -> Result<()>;
+    /// Rotary position embedding, in place, over (part of) every head of every token.
+    fn rope(&self, x: &mut DeviceBuffer, desc: &RopeDesc) -> Result<()>;
+    /// Causal scaled-dot-product attention of new queries against a KV cache (GQA,
+    /// optional sliding window and learned sinks).
+    fn attention(
+        &self,
+        q: &DeviceBuffer,
+        k_cache: &DeviceBuffer,
+        v_cache: &DeviceBuffer,
+        sinks: Option<&DeviceBuffer>,
+        out: &mut DeviceBuffer,
+        desc: &AttentionDesc,
+    ) -> Result<()>;
+    /// Element-wise `a = op(a, b)` over `n` elements (residual add, SwiGLU, gating).
+    fn binary(&self, op: BinaryOp, a: &mut DeviceBuffer, b: &DeviceBuffer, n: usize) -> Result<()>;
+    /// `x *= s` over `n` elements.
+    fn scale(&self, x: &mut DeviceBuffer, s: f32, n: usize) -> Result<()>;
+    /// Row-wise softmax in place over `rows × cols`.
+    fn softmax(&self, x: &mut DeviceBuffer, rows: usize, cols: usize) -> Result<()>;
+    /// Per row, the `k` largest values (descending) and their column indices.
+    fn top_k(&self, x: &DeviceBuffer, rows: usize, cols: usize, k: usize) -> Result<TopK>;
+    /// `out[i, :] = src[ids[i], :]` (as f32) for a table of `cols` columns.
+    fn gather_rows(&self, src: &DeviceBuffer, ids: &[u32], cols: usize, out: &mut DeviceBuffer) -> Result<()>;
+    /// `acc[rows[i], :] += scales[i] * x[i, :]`: combines expert outputs into the tokens.
+    fn scatter_add_rows(
+        &self,
+        acc: &mut DeviceBuffer,
+        x: &DeviceBuffer,
+        rows: &[u32],
+        scales: &[f32],
+        cols: usize,
+    ) -> Result<()>;
+}

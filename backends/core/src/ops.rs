@@ -1,0 +1,200 @@
+//! Op identifiers and the descriptors that parameterise each kernel.
+
+/// Every kernel of the trait, for [`crate::Backend::supports`] and error messages.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Op {
+    /// [`crate::Backend::matmul`]; the dtype is the weight dtype.
+    Matmul,
+    /// [`crate::Backend::rms_norm`]; the dtype is the weight dtype.
+    RmsNorm,
+    /// [`crate::Backend::rope`].
+    Rope,
+    /// [`crate::Backend::attention`]; the dtype is the KV cache dtype.
+    Attention,
+    /// [`crate::Backend::binary`].
+    Binary,
+    /// [`crate::Backend::scale`].
+    Scale,
+    /// [`crate::Backend::softmax`].
+    Softmax,
+    /// [`crate::Backend::top_k`].
+    TopK,
+    /// [`crate::Backend::gather_rows`]; the dtype is the table dtype.
+    GatherRows,
+    /// [`crate::Backend::scatter_add_rows`].
+    ScatterAddRows,
+    /// [`crate::Backend::copy`], upload and download.
+    Copy,
+}
+
+impl Op {
+    /// All ops, for listing what a backend supports.
+    pub const ALL: [Op; 11] = [
+        Op::Matmul,
+        Op::RmsNorm,
+        Op::Rope,
+        Op::Attention,
+        Op::Binary,
+        Op::Scale,
+        Op::Softmax,
+        Op::TopK,
+        Op::GatherRows,
+        Op::ScatterAddRows,
+        Op::Copy,
+    ];
+}
+
+/// Element-wise `a = op(a, b)`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum BinaryOp {
+    /// `a + b` (residual connections).
+    Add,
+    /// `a * b`.
+    Mul,
+    /// `a * sigmoid(b)` (gated attention outputs).
+    MulSigmoid,
+    /// `silu(a) * b`: SwiGLU with `a` the gate and `b` the up projection.
+    SwiGlu,
+    /// gpt-oss's clamped SwiGLU: `g = min(a, limit)`, `u = clamp(b, -limit, limit)`,
+    /// `a = g * sigmoid(alpha * g) * (u + 1)`.
+    ClampedSwiGlu {
+        /// Slope inside the sigmoid (1.702 in gpt-oss).
+        alpha: f32,
+        /// Clamp limit (7.0 in gpt-oss).
+        limit: f32,
+    },
+}
+
+impl BinaryOp {
+    /// The scalar definition every backend must match.
+    #[inline]
+    pub fn apply(self, a: f32, b: f32) -> f32 {
+        match self {
+            BinaryOp::Add => a + b,
+            BinaryOp::Mul => a * b,
+            BinaryOp::MulSigmoid => a * sigmoid(b),
+            BinaryOp::SwiGlu => a * sigmoid(a) * b,
+            BinaryOp::ClampedSwiGlu { alpha, limit } => {
+                let g = a.min(limit);
+                let u = b.clamp(-limit, limit);
+                g * sigmoid(alpha * g) * (u + 1.0)
+            }
+        }
+    }
+}
+
+/// The logistic function.
+#[inline]
+pub fn sigmoid(x: f32) -> f32 {
+    1.0 / (1.0 + (-x).exp())
+}
+
+/// `out[n, m] = x[n, k] · w[m, k]ᵀ (+ bias)`, all offsets in elements of each buffer.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MatmulDesc {
+    /// Rows of `x` (tokens).
+    pub n: usize,
+    /// Inner dimension.
+    pub k: usize,
+    /// Rows of `w` used (output features).
+    pub m: usize,
+    /// First element of `x` used.
+    pub x_offset: usize,
+    /// First element of `w` used (selects e.g. one expert of a fused tensor).
+    pub w_offset: usize,
+    /// First element of `bias` used.
+    pub bias_offset: usize,
+    /// First element of `out` written.
+    pub out_offset: usize,
+}
+
+impl MatmulDesc {
+    /// A plain `[n, k] · [m, k]ᵀ` with no offsets.
+    pub fn new(n: usize, k: usize, m: usize) -> Self {
+        Self { n, k, m, ..Default::default() }
+    }
+}
+
+/// Row-wise RMSNorm over `rows × dim` contiguous values.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RmsNormDesc {
+    /// Number of rows.
+    pub rows: usize,
+    /// Row length (and weight length).
+    pub dim: usize,
+    /// Added to the mean square before the square root.
+    pub eps: f32,
+    /// Multiply by `(1 + w)` instead of `w` (Qwen3-Next / Gemma style).
+    pub unit_offset: bool,
+}
+
+/// Rotary embedding applied in place to `x[token, head, rot_offset .. rot_offset + rotary_dim]`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RopeDesc {
+    /// Number of tokens (rows).
+    pub n_tokens: usize,
+    /// Heads per token.
+    pub n_heads: usize,
+    /// Elements between consecutive heads of a token.
+    pub head_stride: usize,
+    /// Elements between consecutive tokens.
+    pub row_stride: usize,
+    /// Where the rotated part starts inside a head.
+    pub rot_offset: usize,
+    /// Length of the rotated part (even).
+    pub rotary_dim: usize,
+    /// Pairs `(2i, 2i+1)` (interleaved, GPT-J style) instead of `(i, i + rotary_dim/2)`.
+    pub interleaved: bool,
+    /// Position of each token.
+    pub positions: Vec<u32>,
+    /// Inverse frequencies, `rotary_dim / 2` of them (YaRN etc. are folded in by the caller).
+    pub inv_freq: Vec<f32>,
+    /// Multiplies cos and sin (YaRN's attention scaling; 1.0 otherwise).
+    pub scaling: f32,
+}
+
+/// Causal attention of `n_tokens` new queries against the first `kv_len` cache entries.
+///
+/// Layouts: `q[n_tokens, n_heads, head_dim]`, caches `[capacity, n_kv_heads, head_dim]`
+/// (values `v_head_dim`), `out[n_tokens, n_heads, v_head_dim]`, `sinks[n_heads]`.
+/// Query `i` sits at position `kv_len - n_tokens + i` and sees cache entries `j <= pos`
+/// (and `j > pos - window` when a window is set).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AttentionDesc {
+    /// New query tokens.
+    pub n_tokens: usize,
+    /// Query heads.
+    pub n_heads: usize,
+    /// Key/value heads (divides `n_heads`).
+    pub n_kv_heads: usize,
+    /// Query/key head size.
+    pub head_dim: usize,
+    /// Value head size.
+    pub v_head_dim: usize,
+    /// Valid cache entries, including the new tokens.
+    pub kv_len: usize,
+    /// Softmax scale applied to `q·k`.
+    pub scale: f32,
+    /// Sliding window length, if any.
+    pub window: Option<usize>,
+}
+
+/// Element copy between buffers of the same dtype; offsets and length in elements.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CopyDesc {
+    /// First source element.
+    pub src_offset: usize,
+    /// First destination element.
+    pub dst_offset: usize,
+    /// Number of elements.
+    pub len: usize,
+}
+
+/// Result of [`crate::Backend::top_k`]: `rows × k` values and indices, best first.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct TopK {
+    /// Column indices.
+    pub indices: Vec<u32>,
+    /// The values at those columns.
+    pub values: Vec<f32>,
+}

@@ -1,0 +1,375 @@
+//! `impl Backend for CpuBackend`: buffer checks around the [`crate::kernels`].
+
+use crate::kernels::{self, attention::KvCache, need};
+use crate::storage::{bytes, bytes_mut, expect_dtype, f32s, f32s_mut, range, CpuStorage, Owned};
+use crate::{cpu_model, CpuBackend};
+use ft_backend::{
+    AttentionDesc, Backend, BackendError, BackendKind, BinaryOp, BufferUsage, CopyDesc, DType,
+    DeviceBuffer, EventId, HostBytes, MatmulDesc, MemoryInfo, Op, Result, RmsNormDesc, RopeDesc,
+    StreamId, TopK,
+};
+use rayon::prelude::*;
+use std::any::Any;
+use std::sync::atomic::Ordering;
+
+/// Element-wise work below this many values stays on the calling thread.
+const PARALLEL_MIN: usize = 1 << 16;
+
+impl CpuBackend {
+    fn check_stream(&self, s: StreamId) -> Result<()> {
+        if s.0 < self.next_stream.load(Ordering::Relaxed) {
+            Ok(())
+        } else {
+            Err(BackendError::Invalid(format!("unknown stream {}", s.0)))
+        }
+    }
+
+    fn check_event(&self, e: EventId) -> Result<()> {
+        if e.0 < self.next_event.load(Ordering::Relaxed) {
+            Ok(())
+        } else {
+            Err(BackendError::Invalid(format!("unknown event {}", e.0)))
+        }
+    }
+
+    /// Chunk length for splitting `n` values over the pool, or `None` to stay inline.
+    fn split(&self, n: usize, unit: usize) -> Option<usize> {
+        (self.threads > 1 && n >= PARALLEL_MIN && unit > 0)
+            .then(|| (n / unit).div_ceil(self.threads * 4).max(1) * unit)
+    }
+}
+
+impl Backend for CpuBackend {
+    fn kind(&self) -> BackendKind {
+        BackendKind::Cpu
+    }
+
+    fn device_name(&self) -> String {
+        let model = cpu_model().unwrap_or_else(|| "CPU".to_string());
+        format!("{model} ({} threads, {})", self.threads, self.simd)
+    }
+
+    fn memory_info(&self) -> Result<MemoryInfo> {
+        Ok(self.memory())
+    }
+
+    fn supports(&self, op: Op, dtype: DType) -> bool {
+        match op {
+            // The dtype of these is a weight, table, cache or copied buffer's: all widen exactly.
+            Op::Matmul | Op::RmsNorm | Op::Attention | Op::GatherRows | Op::Copy => true,
+            Op::Rope | Op::Binary | Op::Scale | Op::Softmax | Op::TopK | Op::ScatterAddRows => {
+                dtype == DType::F32
+            }
+        }
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+
+    fn alloc(&self, dtype: DType, len: usize, usage: BufferUsage) -> Result<DeviceBuffer> {
+        let size = need(len, dtype.size(), "allocation")?;
+        // A soft limit: concurrent allocations may overshoot by one buffer each, which is fine
+        // for capacity planning and avoids a lock on this path.
+        let free = self
+            .total
+            .saturating_sub(self.allocated.load(Ordering::Relaxed));
+        let oom = || BackendError::OutOfMemory {
+            requested: size as u64,
+            free,
+        };
+        if size as u64 > free {
+            return Err(oom());
+        }
+        let owned = Owned::zeroed(size, self.allocated.clone()).ok_or_else(oom)?;
+        Ok(DeviceBuffer::new(
+            Box::new(CpuStorage::Owned(owned)),
+            dtype,
+            len,
+            usage,
+        ))
+    }
+
+    fn import_host(
+        &self,
+        data: HostBytes,
+        dtype: DType,
+        usage: BufferUsage,
+    ) -> Result<DeviceBuffer> {
+        if !data.len().is_multiple_of(dtype.size()) {
+            return Err(BackendError::Shape(format!(
+                "{} bytes are not whole {dtype} values",
+                data.len()
+            )));
+        }
+        let len = data.len() / dtype.size();
+        // Zero-copy: kernels read the caller's bytes where they are, at any alignment.
+        Ok(DeviceBuffer::new(
+            Box::new(CpuStorage::Imported(data)),
+            dtype,
+            len,
+            usage,
+        ))
+    }
+
+    fn upload(
+        &self,
+        stream: StreamId,
+        src: &[u8],
+        dst: &mut DeviceBuffer,
+        dst_offset: usize,
+    ) -> Result<()> {
+        self.check_stream(stream)?;
+        let d = bytes_mut(dst, "upload destination")?;
+        let have = d.len();
+        let to = dst_offset
+            .checked_add(src.len())
+            .and_then(|end| d.get_mut(dst_offset..end))
+            .ok_or_else(|| {
+                BackendError::Shape(format!(
+                    "upload of {} bytes at {dst_offset} into {have}",
+                    src.len()
+                ))
+            })?;
+        to.copy_from_slice(src);
+        Ok(())
+    }
+
+    fn download(
+        &self,
+        stream: StreamId,
+        src: &DeviceBuffer,
+        src_offset: usize,
+        dst: &mut [u8],
+    ) -> Result<()> {
+        self.check_stream(stream)?;
+        let s = bytes(src, "download source")?;
+        let from = src_offset
+            .checked_add(dst.len())
+            .and_then(|end| s.get(src_offset..end))
+            .ok_or_else(|| {
+                BackendError::Shape(format!(
+                    "download of {} bytes at {src_offset} from {}",
+                    dst.len(),
+                    s.len()
+                ))
+            })?;
+        dst.copy_from_slice(from);
+        Ok(())
+    }
+
+    fn copy(
+        &self,
+        stream: StreamId,
+        src: &DeviceBuffer,
+        dst: &mut DeviceBuffer,
+        desc: &CopyDesc,
+    ) -> Result<()> {
+        self.check_stream(stream)?;
+        expect_dtype(dst, src.dtype(), "copy destination")?;
+        let es = src.dtype().size();
+        let from = range(
+            bytes(src, "copy source")?,
+            desc.src_offset,
+            desc.len,
+            es,
+            "copy source",
+        )?;
+        let to = bytes_mut(dst, "copy destination")?;
+        let to_len = to.len();
+        let to = range_mut_bytes(to, desc.dst_offset, desc.len, es).ok_or_else(|| {
+            BackendError::Shape(format!(
+                "copy of {} at {} into {} elements",
+                desc.len,
+                desc.dst_offset,
+                to_len / es
+            ))
+        })?;
+        to.copy_from_slice(from);
+        Ok(())
+    }
+
+    fn create_stream(&self) -> Result<StreamId> {
+        Ok(StreamId(self.next_stream.fetch_add(1, Ordering::Relaxed)))
+    }
+
+    fn record_event(&self, stream: StreamId) -> Result<EventId> {
+        self.check_stream(stream)?;
+        Ok(EventId(self.next_event.fetch_add(1, Ordering::Relaxed)))
+    }
+
+    fn wait_event(&self, stream: StreamId, event: EventId) -> Result<()> {
+        self.check_stream(stream)?;
+        self.check_event(event)
+    }
+
+    fn event_done(&self, event: EventId) -> Result<bool> {
+        // Every call finished before it returned, so any issued event is complete.
+        self.check_event(event).map(|()| true)
+    }
+
+    fn synchronize(&self, stream: StreamId) -> Result<()> {
+        self.check_stream(stream)
+    }
+
+    fn matmul(
+        &self,
+        x: &DeviceBuffer,
+        w: &DeviceBuffer,
+        bias: Option<&DeviceBuffer>,
+        out: &mut DeviceBuffer,
+        desc: &MatmulDesc,
+    ) -> Result<()> {
+        let MatmulDesc { n, k, m, .. } = *desc;
+        let xs = f32s(x, desc.x_offset, need(n, k, "x")?, "matmul x")?;
+        let wb = range(
+            bytes(w, "matmul w")?,
+            desc.w_offset,
+            need(m, k, "w")?,
+            w.dtype().size(),
+            "matmul w",
+        )?;
+        let bias = bias
+            .map(|b| f32s(b, desc.bias_offset, m, "matmul bias"))
+            .transpose()?;
+        let o = f32s_mut(out, desc.out_offset, need(n, m, "out")?, "matmul out")?;
+        kernels::matmul(&self.pool, self.simd, &xs, n, k, wb, w.dtype(), m, o)?;
+        if let (Some(b), true) = (bias, m > 0) {
+            o.chunks_exact_mut(m)
+                .for_each(|row| row.iter_mut().zip(b.iter()).for_each(|(o, b)| *o += b));
+        }
+        Ok(())
+    }
+
+    fn rms_norm(
+        &self,
+        x: &DeviceBuffer,
+        w: &DeviceBuffer,
+        out: &mut DeviceBuffer,
+        desc: &RmsNormDesc,
+    ) -> Result<()> {
+        let total = need(desc.rows, desc.dim, "rms_norm")?;
+        let xs = f32s(x, 0, total, "rms_norm x")?;
+        let mut g = vec![0f32; desc.dim];
+        let wb = range(
+            bytes(w, "rms_norm w")?,
+            0,
+            desc.dim,
+            w.dtype().size(),
+            "rms_norm w",
+        )?;
+        kernels::decode_row(self.simd, wb, w.dtype(), &mut g)?;
+        let o = f32s_mut(out, 0, total, "rms_norm out")?;
+        let run =
+            |x: &[f32], o: &mut [f32]| kernels::rms_norm_rows(x, &g, desc.eps, desc.unit_offset, o);
+        match self.split(total, desc.dim) {
+            Some(chunk) => self.pool.install(|| {
+                o.par_chunks_mut(chunk)
+                    .zip(xs.par_chunks(chunk))
+                    .try_for_each(|(o, x)| run(x, o))
+            }),
+            None => run(&xs, o),
+        }
+    }
+
+    fn rope(&self, x: &mut DeviceBuffer, desc: &RopeDesc) -> Result<()> {
+        let len = x.len();
+        kernels::rope(&self.pool, f32s_mut(x, 0, len, "rope x")?, desc)
+    }
+
+    fn attention(
+        &self,
+        q: &DeviceBuffer,
+        k_cache: &DeviceBuffer,
+        v_cache: &DeviceBuffer,
+        sinks: Option<&DeviceBuffer>,
+        out: &mut DeviceBuffer,
+        desc: &AttentionDesc,
+    ) -> Result<()> {
+        let qs = f32s(q, 0, q.len(), "attention q")?;
+        let k = KvCache {
+            bytes: bytes(k_cache, "attention k cache")?,
+            dtype: k_cache.dtype(),
+        };
+        let v = KvCache {
+            bytes: bytes(v_cache, "attention v cache")?,
+            dtype: v_cache.dtype(),
+        };
+        let sinks = sinks
+            .map(|s| f32s(s, 0, s.len(), "attention sinks"))
+            .transpose()?;
+        let len = out.len();
+        let o = f32s_mut(out, 0, len, "attention out")?;
+        kernels::attention(&self.pool, self.simd, &qs, k, v, sinks.as_deref(), o, desc)
+    }
+
+    fn binary(&self, op: BinaryOp, a: &mut DeviceBuffer, b: &DeviceBuffer, n: usize) -> Result<()> {
+        let bs = f32s(b, 0, n, "binary b")?;
+        let a = f32s_mut(a, 0, n, "binary a")?;
+        match self.split(n, 1) {
+            Some(chunk) => self.pool.install(|| {
+                a.par_chunks_mut(chunk)
+                    .zip(bs.par_chunks(chunk))
+                    .try_for_each(|(a, b)| kernels::binary(self.simd, op, a, b))
+            }),
+            None => kernels::binary(self.simd, op, a, &bs),
+        }
+    }
+
+    fn scale(&self, x: &mut DeviceBuffer, s: f32, n: usize) -> Result<()> {
+        kernels::scale(f32s_mut(x, 0, n, "scale x")?, s);
+        Ok(())
+    }
+
+    fn softmax(&self, x: &mut DeviceBuffer, rows: usize, cols: usize) -> Result<()> {
+        let x = f32s_mut(x, 0, need(rows, cols, "softmax")?, "softmax x")?;
+        match self.split(x.len(), cols) {
+            Some(chunk) => self.pool.install(|| {
+                x.par_chunks_mut(chunk)
+                    .try_for_each(|r| kernels::softmax_rows(self.simd, r, cols))
+            }),
+            None => kernels::softmax_rows(self.simd, x, cols),
+        }
+    }
+
+    fn top_k(&self, x: &DeviceBuffer, rows: usize, cols: usize, k: usize) -> Result<TopK> {
+        kernels::top_k(
+            &f32s(x, 0, need(rows, cols, "top_k")?, "top_k x")?,
+            rows,
+            cols,
+            k,
+        )
+    }
+
+    fn gather_rows(
+        &self,
+        src: &DeviceBuffer,
+        ids: &[u32],
+        cols: usize,
+        out: &mut DeviceBuffer,
+    ) -> Result<()> {
+        let table = bytes(src, "gather table")?;
+        let o = f32s_mut(out, 0, need(ids.len(), cols, "gather")?, "gather out")?;
+        kernels::gather_rows(self.simd, table, src.dtype(), ids, cols, o)
+    }
+
+    fn scatter_add_rows(
+        &self,
+        acc: &mut DeviceBuffer,
+        x: &DeviceBuffer,
+        rows: &[u32],
+        scales: &[f32],
+        cols: usize,
+    ) -> Result<()> {
+        let xs = f32s(x, 0, need(rows.len(), cols, "scatter")?, "scatter x")?;
+        let len = acc.len();
+        let a = f32s_mut(acc, 0, len, "scatter acc")?;
+        kernels::scatter_add_rows(self.simd, a, &xs, rows, scales, cols)
+    }
+}
+
+fn range_mut_bytes(b: &mut [u8], offset: usize, len: usize, es: usize) -> Option<&mut [u8]> {
+    let start = offset.checked_mul(es)?;
+    let end = offset.checked_add(len)?.checked_mul(es)?;
+    b.get_mut(start..end)
+}

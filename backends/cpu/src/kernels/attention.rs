@@ -1,0 +1,260 @@
+//! Causal attention of new queries against a KV cache (GQA, sliding window, learned sinks).
+
+use super::elementwise::{axpy_row, exp_sub_sum, max};
+use super::{gemv::block, need, shape_err, SimdLevel};
+use ft_backend::{AttentionDesc, DType, Result};
+use rayon::prelude::*;
+use rayon::ThreadPool;
+
+/// Below this many score multiply-adds the calling thread does the work alone.
+const PARALLEL_MIN: usize = 1 << 16;
+
+/// A KV cache as raw bytes: `[capacity, n_kv_heads, dim]` values of `dtype`, any alignment.
+#[derive(Clone, Copy, Debug)]
+pub struct KvCache<'a> {
+    /// The cache bytes (only the first `kv_len` entries are read).
+    pub bytes: &'a [u8],
+    /// Element type of the cache.
+    pub dtype: DType,
+}
+
+/// Attention per [`AttentionDesc`]: `q[n_tokens, n_heads, head_dim]` f32 against caches
+/// `k`, `v`, writing `out[n_tokens, n_heads, v_head_dim]`; `sinks[n_heads]` are extra logits
+/// that take part in the softmax but contribute no value.
+///
+/// Work is split over (token, KV head) pairs on `pool`; each pair scores all of its query
+/// heads against the shared K rows in one tiled pass, so K and V are read once per group.
+#[allow(clippy::too_many_arguments)]
+pub fn attention(
+    pool: &ThreadPool,
+    level: SimdLevel,
+    q: &[f32],
+    k: KvCache<'_>,
+    v: KvCache<'_>,
+    sinks: Option<&[f32]>,
+    out: &mut [f32],
+    d: &AttentionDesc,
+) -> Result<()> {
+    if d.n_tokens == 0 {
+        return Ok(());
+    }
+    if d.n_kv_heads == 0 || d.n_heads == 0 || !d.n_heads.is_multiple_of(d.n_kv_heads) {
+        return Err(shape_err(format!(
+            "{} query heads cannot share {} KV heads",
+            d.n_heads, d.n_kv_heads
+        )));
+    }
+    if d.kv_len < d.n_tokens {
+        return Err(shape_err(format!(
+            "kv_len {} is less than the {} new tokens",
+            d.kv_len, d.n_tokens
+        )));
+    }
+    let rows_q = need(d.n_tokens, d.n_heads, "query rows")?;
+    let k_need = need(
+        need(
+            need(d.kv_len, d.n_kv_heads, "kv rows")?,
+            d.head_dim,
+            "k values",
+        )?,
+        k.dtype.size(),
+        "k bytes",
+    )?;
+    let v_need = need(
+        need(
+            need(d.kv_len, d.n_kv_heads, "kv rows")?,
+            d.v_head_dim,
+            "v values",
+        )?,
+        v.dtype.size(),
+        "v bytes",
+    )?;
+    let out_len = need(rows_q, d.v_head_dim, "output values")?;
+    if q.len() < need(rows_q, d.head_dim, "query values")?
+        || k.bytes.len() < k_need
+        || v.bytes.len() < v_need
+        || out.len() < out_len
+    {
+        return Err(shape_err(format!(
+            "attention {}×{}×{} over kv_len {}: q {} values, k {} bytes, v {} bytes, out {} values",
+            d.n_tokens,
+            d.n_heads,
+            d.head_dim,
+            d.kv_len,
+            q.len(),
+            k.bytes.len(),
+            v.bytes.len(),
+            out.len()
+        )));
+    }
+    if sinks.is_some_and(|s| s.len() < d.n_heads) {
+        return Err(shape_err(format!(
+            "{} sinks for {} heads",
+            sinks.map_or(0, <[f32]>::len),
+            d.n_heads
+        )));
+    }
+    let group = d.n_heads / d.n_kv_heads;
+    let chunk = group * d.v_head_dim;
+    if chunk == 0 {
+        return Ok(());
+    }
+    let out = &mut out[..out_len];
+    let task = |idx: usize, o: &mut [f32]| {
+        pair(
+            level,
+            q,
+            k,
+            v,
+            sinks,
+            o,
+            d,
+            idx / d.n_kv_heads,
+            idx % d.n_kv_heads,
+        )
+    };
+    let work = d.n_tokens * d.n_heads * d.kv_len * d.head_dim.max(1);
+    if pool.current_num_threads() > 1 && rows_q > group && work >= PARALLEL_MIN {
+        pool.install(|| {
+            out.par_chunks_mut(chunk)
+                .enumerate()
+                .try_for_each(|(i, o)| task(i, o))
+        })
+    } else {
+        out.chunks_mut(chunk)
+            .enumerate()
+            .try_for_each(|(i, o)| task(i, o))
+    }
+}
+
+/// All query heads of KV head `kvh` for token `t`, into `o[group, v_head_dim]`.
+#[allow(clippy::too_many_arguments)]
+fn pair(
+    level: SimdLevel,
+    q: &[f32],
+    k: KvCache<'_>,
+    v: KvCache<'_>,
+    sinks: Option<&[f32]>,
+    o: &mut [f32],
+    d: &AttentionDesc,
+    t: usize,
+    kvh: usize,
+) -> Result<()> {
+    let group = d.n_heads / d.n_kv_heads;
+    let (hd, vhd) = (d.head_dim, d.v_head_dim);
+    let pos = d.kv_len - d.n_tokens + t;
+    let start = d.window.map_or(0, |w| (pos + 1).saturating_sub(w));
+    let len = pos + 1 - start;
+    if len == 0 {
+        o.fill(0.0);
+        // A zero window sees nothing; the reference's empty sum is zero.
+        return Ok(());
+    }
+    let q_rows = &q[(t * d.n_heads + kvh * group) * hd..][..group * hd];
+    let k_stride = d.n_kv_heads * hd;
+    let k_rows = &k.bytes[(start * k_stride + kvh * hd) * k.dtype.size()..];
+    let mut scores = vec![0f32; group * len];
+    block(
+        level,
+        q_rows,
+        hd,
+        group,
+        hd,
+        k_rows,
+        k.dtype,
+        k_stride,
+        len,
+        &mut scores,
+        len,
+    )?;
+    for (g, s) in scores.chunks_exact_mut(len).enumerate() {
+        s.iter_mut().for_each(|v| *v *= d.scale);
+        let sink = sinks.map(|x| x[kvh * group + g]);
+        let m = sink.map_or(max(s), |x| max(s).max(x));
+        let denom = exp_sub_sum(level, s, m) + sink.map_or(0.0, |x| (x - m).exp());
+        let inv = 1.0 / denom;
+        s.iter_mut().for_each(|v| *v *= inv);
+    }
+    let v_rows = &v.bytes[(start * d.n_kv_heads + kvh) * vhd * v.dtype.size()..];
+    weighted_values(
+        level,
+        &scores,
+        group,
+        len,
+        v_rows,
+        v.dtype,
+        d.n_kv_heads * vhd,
+        vhd,
+        o,
+    )
+}
+
+/// `out[g, :] = Σ_j p[g, j] · v_row(j)` for `g < heads`, where `p` is `[heads, len]` and value
+/// row `j` starts at element `j * v_stride` of `v` (dtype `dtype`, any alignment).
+#[allow(clippy::too_many_arguments)]
+fn weighted_values(
+    level: SimdLevel,
+    p: &[f32],
+    heads: usize,
+    len: usize,
+    v: &[u8],
+    dtype: DType,
+    v_stride: usize,
+    vhd: usize,
+    out: &mut [f32],
+) -> Result<()> {
+    let es = dtype.size();
+    let v_need = len.checked_sub(1).map_or(Some(0), |l| {
+        l.checked_mul(v_stride)
+            .and_then(|e| e.checked_add(vhd))
+            .and_then(|e| e.checked_mul(es))
+    });
+    if p.len() < need(heads, len, "weights")?
+        || out.len() < need(heads, vhd, "values out")?
+        || v_need.is_none_or(|n| v.len() < n)
+    {
+        return Err(shape_err(format!(
+            "value pass of {heads} heads × {len} rows × {vhd}: p {}, v {} bytes, out {}",
+            p.len(),
+            v.len(),
+            out.len()
+        )));
+    }
+    #[cfg(target_arch = "x86_64")]
+    {
+        use super::x86::{avx2, avx512, code, Pv};
+        let level = level.effective();
+        let (per_pass, pass): (usize, unsafe fn(u8, usize, Pv)) = match level {
+            SimdLevel::Avx512 => (avx512::PV_HEADS, avx512::pv),
+            SimdLevel::Avx2 => (avx2::PV_HEADS, avx2::pv),
+            _ => (0, avx2::pv),
+        };
+        if per_pass > 0 {
+            for h0 in (0..heads).step_by(per_pass) {
+                let g = per_pass.min(heads - h0);
+                let a = Pv {
+                    p: p[h0 * len..].as_ptr(),
+                    ps: len,
+                    v: v.as_ptr(),
+                    vsb: v_stride * es,
+                    len,
+                    vhd,
+                    out: out[h0 * vhd..].as_mut_ptr(),
+                    os: vhd,
+                };
+                // SAFETY: the ISA is confirmed by `effective`, and the checks above cover
+                // `g` rows of `p` and `out` and `len` value rows.
+                unsafe { pass(code(dtype), g, a) };
+            }
+            return Ok(());
+        }
+    }
+    out[..heads * vhd].fill(0.0);
+    for j in 0..len {
+        let row = &v[j * v_stride * es..][..vhd * es];
+        for (g, og) in out.chunks_exact_mut(vhd).take(heads).enumerate() {
+            axpy_row(level, p[g * len + j], row, dtype, og)?;
+        }
+    }
+    Ok(())
+}

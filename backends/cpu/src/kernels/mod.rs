@@ -1,0 +1,39 @@
+//! The CPU kernels on plain host slices.
+//!
+//! [`crate::CpuBackend`] runs these on its buffers; the engine's CPU executors and benchmarks
+//! call them directly on their own slices (e.g. expert weights in a memory-mapped
+//! checkpoint). Every function checks its slice lengths and returns
+//! [`BackendError::Shape`] instead of panicking; weight
+//! bytes may sit at any alignment. Functions taking a `ThreadPool` split their work on it;
+//! the rest run on the calling thread.
+
+pub mod attention;
+pub mod elementwise;
+pub mod gemv;
+pub mod rope;
+pub mod select;
+pub mod simd;
+#[cfg(target_arch = "x86_64")]
+mod x86;
+
+pub use attention::attention;
+pub use elementwise::{
+    axpy_row, binary, decode_row, exp_sub_sum, rms_norm_rows, scale, softmax_rows,
+};
+pub use gemv::{gemv_rows, matmul, matmul_rows};
+pub use rope::rope;
+pub use select::{gather_rows, scatter_add_rows, top_k};
+pub use simd::SimdLevel;
+
+use ft_backend::{BackendError, Result};
+
+/// A shape error with `msg`.
+pub(crate) fn shape_err(msg: impl Into<String>) -> BackendError {
+    BackendError::Shape(msg.into())
+}
+
+/// `a · b`, or a shape error naming `what` when it overflows `usize`.
+pub(crate) fn need(a: usize, b: usize, what: &str) -> Result<usize> {
+    a.checked_mul(b)
+        .ok_or_else(|| shape_err(format!("{what} overflows: {a} × {b}")))
+}

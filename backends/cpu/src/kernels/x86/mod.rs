@@ -1,0 +1,123 @@
+//! Hand-written x86-64 kernels (AVX-512 and AVX2), reached only through the safe dispatchers
+//! of the parent module after run-time feature detection.
+//!
+//! Weights are raw little-endian bytes that may sit at any address (zero-copy imports of
+//! memory-mapped checkpoints), so every weight load here is an unaligned load.
+
+pub(crate) mod avx2;
+pub(crate) mod avx512;
+
+use ft_backend::DType;
+
+/// Weight element codes used as const generic parameters, so that each (dtype, tile shape)
+/// pair compiles to its own straight-line loop with no per-element branch.
+pub(crate) const F32: u8 = 0;
+/// IEEE half precision.
+pub(crate) const F16: u8 = 1;
+/// bfloat16.
+pub(crate) const BF16: u8 = 2;
+
+/// The const-generic code of `dtype`.
+pub(crate) fn code(dtype: DType) -> u8 {
+    match dtype {
+        DType::F32 => F32,
+        DType::F16 => F16,
+        DType::BF16 => BF16,
+    }
+}
+
+/// Bytes per element of a weight code.
+pub(crate) const fn esize(d: u8) -> usize {
+    if d == F32 {
+        4
+    } else {
+        2
+    }
+}
+
+/// One tile of dot products: `out[t*os + r] (+)= Σ_p x[t*xs + p] · w[r*wsb/esize + p]`
+/// for `t < nt`, `r < nr`, `p < k`.
+#[derive(Clone, Copy)]
+pub(crate) struct Tile {
+    /// First activation row.
+    pub x: *const f32,
+    /// Elements between activation rows.
+    pub xs: usize,
+    /// First weight row (any alignment).
+    pub w: *const u8,
+    /// Bytes between weight rows.
+    pub wsb: usize,
+    /// Dot product length.
+    pub k: usize,
+    /// Where the `nt × nr` results go.
+    pub out: *mut f32,
+    /// Elements between output rows.
+    pub os: usize,
+    /// Add to `out` instead of overwriting it (k-blocked passes).
+    pub accumulate: bool,
+    /// Software-prefetch the weight rows ahead (rows streamed from memory, not from scratch).
+    pub prefetch: bool,
+}
+
+/// Attention's value pass: `out[g*os + c] = Σ_j p[g*ps + j] · v_row(j)[c]` for `g` heads,
+/// `c < vhd`, `j < len`.
+#[derive(Clone, Copy)]
+pub(crate) struct Pv {
+    /// Softmax weights, one row of `len` per head.
+    pub p: *const f32,
+    /// Elements between heads in `p`.
+    pub ps: usize,
+    /// First value row (any alignment).
+    pub v: *const u8,
+    /// Bytes between value rows.
+    pub vsb: usize,
+    /// Number of value rows.
+    pub len: usize,
+    /// Values per row.
+    pub vhd: usize,
+    /// Output, one row of `vhd` per head (overwritten).
+    pub out: *mut f32,
+    /// Elements between heads in `out`.
+    pub os: usize,
+}
+
+/// Element `i` of a weight row as f32, read unaligned (tails of the AVX2 loops).
+///
+/// # Safety
+/// `p` must be valid for reading element `i` of code `D`.
+#[inline(always)]
+pub(crate) unsafe fn scalar_at<const D: u8>(p: *const u8, i: usize) -> f32 {
+    match D {
+        F32 => (p.add(i * 4) as *const f32).read_unaligned(),
+        F16 => half::f16::from_bits((p.add(i * 2) as *const u16).read_unaligned()).to_f32(),
+        _ => f32::from_bits(((p.add(i * 2) as *const u16).read_unaligned() as u32) << 16),
+    }
+}
+
+/// Stores one tile result.
+///
+/// # Safety
+/// `o` must be valid for reads and writes.
+#[inline(always)]
+pub(crate) unsafe fn store(o: *mut f32, v: f32, accumulate: bool) {
+    *o = if accumulate { *o + v } else { v };
+}
+
+/// Cephes-style `expf` constants shared by both vector widths: inputs are clamped to
+/// `±EXP_HI` (beyond which f32 over/underflows), reduced by `n = round(x·log2 e)` and a
+/// degree-5 polynomial on the remainder; relative error is about 2 ulp.
+pub(crate) mod expc {
+    pub const HI: f32 = 88.376_26;
+    pub const LO: f32 = -88.376_26;
+    pub const LOG2E: f32 = std::f32::consts::LOG2_E;
+    pub const C1: f32 = 0.693_359_4;
+    pub const C2: f32 = -2.121_944_4e-4;
+    pub const P: [f32; 6] = [
+        1.987_569_1e-4,
+        1.398_199_9e-3,
+        8.333_452e-3,
+        4.166_579_6e-2,
+        1.666_666_5e-1,
+        0.5,
+    ];
+}

@@ -1,0 +1,21 @@
+//! ft-actor: a local inference engine for Mixture-of-Experts language models.
+//!
+//! A personal computer is treated as one system (GPU, CPU, host RAM and the link between
+//! them). The pieces: [`model`] (config, weights, architectures, the reference forward
+//! pass), [`kv`] (per-sequence state), [`generate`] (sampling loop), [`tokenizer`] and
+//! [`chat`] (text in and out), [`device`] (choosing a backend), [`bench`] and [`synth`]
+//! (measuring speed at real sizes), [`cli`] (the `ft-actor` command).
+
+pub mod bench;
+pub mod chat;
+pub mod cli;
+pub mod demo;
+pub mod device;
+pub mod generate;
+pub mod kv;
+pub mod model;
+pub mod npy;
+pub mod policy;
+pub mod sampling;
+pub mod synth;
+pub mod tokenizer;

@@ -1,0 +1,101 @@
+//! Size facts of a loaded model: parameters, bytes per expert and the memory plan.
+
+use super::weights::{FeedForward, Linear, Mlp};
+use super::Model;
+use crate::kv::SequenceState;
+
+/// Parameter and byte counts of a model.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ModelStats {
+    /// All parameters.
+    pub total_params: u64,
+    /// Parameters touched per token: non-expert weights (one embedding row, not the table)
+    /// plus the top-k experts of every MoE layer.
+    pub active_params: u64,
+    /// Parameters of one routed expert.
+    pub params_per_expert: u64,
+    /// Bytes of one routed expert in its checkpoint dtype.
+    pub bytes_per_expert: u64,
+    /// Bytes of all non-expert weights (device resident).
+    pub non_expert_bytes: u64,
+    /// Bytes of all routed experts (host pool).
+    pub expert_bytes: u64,
+    /// Routed experts across all layers.
+    pub total_experts: u64,
+    /// Bytes of weights read to decode one token (non-expert + top-k experts per layer).
+    pub bytes_per_token: u64,
+    /// KV cache bytes per token of context.
+    pub kv_bytes_per_token: u64,
+}
+
+fn linear(l: &Linear) -> (u64, u64) {
+    let p = (l.w.len() + l.bias.as_ref().map_or(0, |b| b.len())) as u64;
+    (p, l.size_bytes() as u64)
+}
+
+fn mlp(m: &Mlp) -> (u64, u64) {
+    [&m.gate, &m.up, &m.down].iter().map(|l| linear(l)).fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1))
+}
+
+/// Counts parameters and bytes of `model`.
+pub fn stats(model: &Model) -> ModelStats {
+    let cfg = model.config();
+    let mut dense = (model.embed.len() as u64 + model.final_norm.len() as u64, model.embed.size_bytes() as u64 + model.final_norm.size_bytes() as u64);
+    let add = |acc: &mut (u64, u64), x: (u64, u64)| {
+        acc.0 += x.0;
+        acc.1 += x.1;
+    };
+    if let Some(l) = &model.lm_head {
+        add(&mut dense, linear(l));
+    }
+    let (mut expert_params, mut expert_bytes, mut total_experts, mut active_expert_params, mut active_expert_bytes) = (0u64, 0u64, 0u64, 0u64, 0u64);
+    let (mut per_expert_params, mut per_expert_bytes) = (0u64, 0u64);
+    for layer in model.layers() {
+        add(&mut dense, ((layer.input_norm.len() + layer.post_attention_norm.len()) as u64, (layer.input_norm.size_bytes() + layer.post_attention_norm.size_bytes()) as u64));
+        let a = &layer.attn;
+        for l in [&a.q, &a.k, &a.v, &a.o] {
+            add(&mut dense, linear(l));
+        }
+        for n in [&a.q_norm, &a.k_norm].into_iter().flatten() {
+            add(&mut dense, (n.len() as u64, n.size_bytes() as u64));
+        }
+        match &layer.ffn {
+            FeedForward::Dense(m) => add(&mut dense, mlp(m)),
+            FeedForward::Moe(moe) => {
+                add(&mut dense, linear(&moe.router));
+                if let Some(s) = &moe.shared {
+                    add(&mut dense, mlp(s));
+                }
+                if let Some(g) = &moe.shared_gate {
+                    add(&mut dense, linear(g));
+                }
+                for e in &moe.experts {
+                    let p = (e.gate.rows * e.gate.cols + e.up.rows * e.up.cols + e.down.rows * e.down.cols) as u64;
+                    expert_params += p;
+                    expert_bytes += e.size_bytes() as u64;
+                    total_experts += 1;
+                    per_expert_params = p;
+                    per_expert_bytes = e.size_bytes() as u64;
+                }
+                active_expert_params += per_expert_params * cfg.top_k as u64;
+                active_expert_bytes += per_expert_bytes * cfg.top_k as u64;
+            }
+        }
+    }
+    // Decoding reads one embedding row, not the table; the lm_head is read whole.
+    let embed_row_bytes = (model.embed.size_bytes() / cfg.vocab_size.max(1)) as u64;
+    let tied_head = if model.lm_head.is_none() { model.embed.size_bytes() as u64 } else { 0 };
+    ModelStats {
+        total_params: dense.0 + expert_params,
+        active_params: dense.0 - model.embed.len() as u64 + (model.embed.len() / cfg.vocab_size.max(1)) as u64
+            + if model.lm_head.is_none() { model.embed.len() as u64 } else { 0 }
+            + active_expert_params,
+        params_per_expert: per_expert_params,
+        bytes_per_expert: per_expert_bytes,
+        non_expert_bytes: dense.1,
+        expert_bytes,
+        total_experts,
+        bytes_per_token: dense.1 - model.embed.size_bytes() as u64 + embed_row_bytes + tied_head + active_expert_bytes,
+        kv_bytes_per_token: SequenceState::bytes_per_token(model) as u64,
+    }
+}

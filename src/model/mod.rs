@@ -1,0 +1,149 @@
+//! Model definitions and loading: config, weights, architectures and the reference forward.
+
+pub mod config;
+pub mod forward;
+pub mod generation_config;
+pub mod info;
+pub mod rope;
+pub mod routing;
+pub mod weights;
+pub mod weights_file;
+
+pub use config::{Arch, ConfigError, ModelConfig};
+pub use forward::{Logits, Trace};
+pub use weights_file::{WeightFiles, WeightsError};
+
+use ft_backend::{Backend, BackendError, DeviceBuffer};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use weights::{FeedForward, LayerWeights, Linear, Loader};
+
+/// Anything that stops a model from loading or running.
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    /// The folder does not exist or is not a folder.
+    #[error("model folder {0} does not exist or is not a directory")]
+    NoFolder(PathBuf),
+    /// `config.json` problem.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// Weight file problem.
+    #[error(transparent)]
+    Weights(#[from] WeightsError),
+    /// A backend call failed.
+    #[error("backend: {0}")]
+    Backend(#[from] BackendError),
+    /// More tokens than the sequence state was sized for.
+    #[error("sequence needs {needed} tokens but its context holds {capacity}")]
+    ContextOverflow { needed: usize, capacity: usize },
+    /// A caller passed something impossible (empty input, token id out of range).
+    #[error("{0}")]
+    Invalid(String),
+}
+
+/// A loaded model: config, device weights and the host expert pool.
+pub struct Model {
+    config: ModelConfig,
+    backend: Arc<dyn Backend>,
+    dir: PathBuf,
+    pub(crate) embed: DeviceBuffer,
+    pub(crate) final_norm: DeviceBuffer,
+    pub(crate) lm_head: Option<Linear>,
+    pub(crate) layers: Vec<LayerWeights>,
+    pub(crate) inv_freq: Vec<f32>,
+    pub(crate) rope_scaling: f32,
+    pub(crate) rotary_dim: usize,
+    files: WeightFiles,
+}
+
+impl Model {
+    /// Loads the checkpoint in `dir` onto `backend`. `progress(done, total)` is called per tensor.
+    pub fn load(dir: &Path, backend: Arc<dyn Backend>, progress: &mut dyn FnMut(usize, usize)) -> Result<Model, ModelError> {
+        if !dir.is_dir() {
+            return Err(ModelError::NoFolder(dir.to_path_buf()));
+        }
+        let config = ModelConfig::from_dir(dir)?;
+        let files = WeightFiles::open(dir)?;
+        let total = files.names().count();
+        let mut done = 0usize;
+        let mut on_tensor = |_: &str| {
+            done += 1;
+            progress(done, total);
+        };
+        let (h, v) = (config.hidden_size, config.vocab_size);
+        let mut loader = Loader { files: &files, backend: backend.as_ref(), on_tensor: &mut on_tensor };
+        let embed = loader.matrix("model.embed_tokens.weight", v, h)?;
+        let layers = (0..config.num_layers).map(|i| loader.layer(&config, i)).collect::<Result<Vec<_>, _>>()?;
+        let final_norm = loader.vector("model.norm.weight", h)?;
+        let lm_head = if config.tie_word_embeddings && !files.contains("lm_head.weight") {
+            None
+        } else {
+            Some(loader.linear("lm_head", v, h, false)?)
+        };
+        drop(loader);
+        progress(total, total);
+        let rotary_dim = config.rotary_dim();
+        let (inv_freq, rope_scaling) = rope::inv_freq(&config.rope, rotary_dim);
+        let unused = files.unused();
+        if !unused.is_empty() {
+            tracing::info!(count = unused.len(), first = %unused[0], "checkpoint tensors not used by this architecture");
+        }
+        tracing::info!(arch = config.arch.model_type(), layers = config.num_layers, backend = %backend.kind(), "model loaded");
+        Ok(Model {
+            config,
+            backend,
+            dir: dir.to_path_buf(),
+            embed,
+            final_norm,
+            lm_head,
+            layers,
+            inv_freq,
+            rope_scaling,
+            rotary_dim,
+            files,
+        })
+    }
+
+    /// The normalised config.
+    pub fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+
+    /// The backend the model runs on.
+    pub fn backend(&self) -> &dyn Backend {
+        self.backend.as_ref()
+    }
+
+    /// A shared handle to the backend.
+    pub fn backend_arc(&self) -> Arc<dyn Backend> {
+        self.backend.clone()
+    }
+
+    /// The checkpoint folder.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The checkpoint's weight files.
+    pub fn files(&self) -> &WeightFiles {
+        &self.files
+    }
+
+    /// The output projection (the embedding when tied).
+    pub(crate) fn lm_head(&self) -> &DeviceBuffer {
+        self.lm_head.as_ref().map_or(&self.embed, |l| &l.w)
+    }
+
+    /// Decoder layers.
+    pub fn layers(&self) -> &[LayerWeights] {
+        &self.layers
+    }
+
+    /// Routed experts of layer `i` (empty for dense layers).
+    pub fn experts(&self, i: usize) -> &[weights::ExpertWeights] {
+        match &self.layers[i].ffn {
+            FeedForward::Moe(m) => &m.experts,
+            FeedForward::Dense(_) => &[],
+        }
+    }
+}

@@ -1,0 +1,265 @@
+//! Memory-mapped safetensors checkpoints (single file or sharded with an index).
+//!
+//! Tensor bytes are never copied here: every [`TensorRef`] is a view into the mapped file,
+//! so the host copy of the weights exists once, in the page cache.
+
+use ft_backend::{DType, HostBytes};
+use memmap2::Mmap;
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+/// A problem with the checkpoint's weight files.
+#[derive(Debug, thiserror::Error)]
+pub enum WeightsError {
+    /// No weight files were found.
+    #[error("no *.safetensors files in {0}")]
+    NoFiles(PathBuf),
+    /// A file could not be opened or mapped.
+    #[error("cannot read {path}: {source}")]
+    Io { path: PathBuf, source: std::io::Error },
+    /// The index JSON is malformed.
+    #[error("{path}: {problem}")]
+    Index { path: PathBuf, problem: String },
+    /// The safetensors header is malformed or the file is shorter than it says.
+    #[error("{path} is not a valid safetensors file: {problem}")]
+    Format { path: PathBuf, problem: String },
+    /// A tensor the model needs is absent.
+    #[error("tensor `{name}` not found in {dir}")]
+    MissingTensor { name: String, dir: PathBuf },
+    /// A tensor has a shape other than the config implies.
+    #[error("tensor `{name}` has shape {found:?}, expected {expected:?} (from config.json)")]
+    Shape { name: String, found: Vec<usize>, expected: Vec<usize> },
+    /// A tensor's element type is not one the engine computes with.
+    #[error("tensor `{name}` has dtype {dtype}, which is not supported (supported: F32, F16, BF16)")]
+    DType { name: String, dtype: String },
+}
+
+/// A tensor inside a mapped file.
+#[derive(Clone, Debug)]
+pub struct TensorRef {
+    /// Checkpoint name.
+    pub name: String,
+    /// Element type.
+    pub dtype: DType,
+    /// Shape, outermost first.
+    pub shape: Vec<usize>,
+    /// The tensor's bytes (little-endian), a view of the mapped file.
+    pub bytes: HostBytes,
+}
+
+impl TensorRef {
+    /// Number of elements.
+    pub fn numel(&self) -> usize {
+        self.shape.iter().product()
+    }
+    /// The values converted to f32 (for small tensors such as norms and biases).
+    pub fn to_f32(&self) -> Vec<f32> {
+        // Length was validated against dtype and shape when the file was opened.
+        ft_backend::dtype::to_f32_vec(self.bytes.as_slice(), self.dtype).unwrap_or_default()
+    }
+}
+
+struct Entry {
+    file: usize,
+    dtype: Result<DType, String>,
+    shape: Vec<usize>,
+    start: usize,
+    end: usize,
+}
+
+/// All tensors of a checkpoint folder.
+pub struct WeightFiles {
+    dir: PathBuf,
+    maps: Vec<Arc<Mmap>>,
+    files: Vec<PathBuf>,
+    entries: HashMap<String, Entry>,
+    used: Mutex<std::collections::HashSet<String>>,
+}
+
+impl WeightFiles {
+    /// Maps every safetensors file of `dir` (through `model.safetensors.index.json` when present).
+    pub fn open(dir: &Path) -> Result<WeightFiles, WeightsError> {
+        let index = dir.join("model.safetensors.index.json");
+        let files: Vec<PathBuf> = if index.exists() {
+            let text = std::fs::read_to_string(&index).map_err(|source| WeightsError::Io { path: index.clone(), source })?;
+            let value: serde_json::Value = serde_json::from_str(&text)
+                .map_err(|e| WeightsError::Index { path: index.clone(), problem: format!("invalid JSON: {e}") })?;
+            let map = value.get("weight_map").and_then(|m| m.as_object()).ok_or_else(|| WeightsError::Index {
+                path: index.clone(),
+                problem: "missing object `weight_map`".into(),
+            })?;
+            let mut names: Vec<String> = Vec::new();
+            for (tensor, file) in map {
+                let file = file.as_str().ok_or_else(|| WeightsError::Index {
+                    path: index.clone(),
+                    problem: format!("weight_map[`{tensor}`] is not a file name"),
+                })?;
+                if file.contains('/') || file.contains('\\') || file.contains("..") {
+                    return Err(WeightsError::Index { path: index.clone(), problem: format!("shard name `{file}` is not a plain file name") });
+                }
+                if !names.iter().any(|n| n == file) {
+                    names.push(file.to_string());
+                }
+            }
+            names.sort();
+            names.into_iter().map(|n| dir.join(n)).collect()
+        } else {
+            let rd = std::fs::read_dir(dir).map_err(|source| WeightsError::Io { path: dir.to_path_buf(), source })?;
+            let mut v: Vec<PathBuf> = rd
+                .filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
+                .collect();
+            v.sort();
+            v
+        };
+        if files.is_empty() {
+            return Err(WeightsError::NoFiles(dir.to_path_buf()));
+        }
+        let mut out = WeightFiles {
+            dir: dir.to_path_buf(),
+            maps: vec![],
+            files: vec![],
+            entries: HashMap::new(),
+            used: Mutex::new(Default::default()),
+        };
+        for path in files {
+            out.add_file(path)?;
+        }
+        Ok(out)
+    }
+
+    /// Maps one safetensors file on its own (e.g. reference tensors in tests and tools).
+    pub fn open_file(path: &Path) -> Result<WeightFiles, WeightsError> {
+        let mut out = WeightFiles {
+            dir: path.parent().unwrap_or(Path::new(".")).to_path_buf(),
+            maps: vec![],
+            files: vec![],
+            entries: HashMap::new(),
+            used: Mutex::new(Default::default()),
+        };
+        out.add_file(path.to_path_buf())?;
+        Ok(out)
+    }
+
+    fn add_file(&mut self, path: PathBuf) -> Result<(), WeightsError> {
+        let file = std::fs::File::open(&path).map_err(|source| WeightsError::Io { path: path.clone(), source })?;
+        // SAFETY: the mapping is read-only; a checkpoint modified while it is being served is
+        // outside what any engine can guard against (transformers and llama.cpp map the same way).
+        let map = unsafe { Mmap::map(&file) }.map_err(|source| WeightsError::Io { path: path.clone(), source })?;
+        let bad = |problem: String| WeightsError::Format { path: path.clone(), problem };
+        if map.len() < 8 {
+            return Err(bad(format!("file is {} bytes, shorter than the 8-byte header length", map.len())));
+        }
+        let header_len = u64::from_le_bytes(map[..8].try_into().map_err(|_| bad("short header".into()))?) as usize;
+        let data_start = 8usize.checked_add(header_len).filter(|e| *e <= map.len()).ok_or_else(|| {
+            bad(format!("header length {header_len} runs past the end of the file ({} bytes): truncated?", map.len()))
+        })?;
+        let header: BTreeMap<String, serde_json::Value> = serde_json::from_slice(&map[8..data_start])
+            .map_err(|e| bad(format!("header is not valid JSON: {e}")))?;
+        let data_len = map.len() - data_start;
+        let file_idx = self.maps.len();
+        for (name, info) in header {
+            if name == "__metadata__" {
+                continue;
+            }
+            let dtype_str = info.get("dtype").and_then(|d| d.as_str()).ok_or_else(|| bad(format!("`{name}` has no dtype")))?;
+            let shape: Vec<usize> = info
+                .get("shape")
+                .and_then(|s| s.as_array())
+                .ok_or_else(|| bad(format!("`{name}` has no shape")))?
+                .iter()
+                .map(|d| d.as_u64().map(|x| x as usize))
+                .collect::<Option<_>>()
+                .ok_or_else(|| bad(format!("`{name}` has a malformed shape")))?;
+            let offs = info
+                .get("data_offsets")
+                .and_then(|s| s.as_array())
+                .filter(|a| a.len() == 2)
+                .and_then(|a| Some((a[0].as_u64()? as usize, a[1].as_u64()? as usize)))
+                .ok_or_else(|| bad(format!("`{name}` has malformed data_offsets")))?;
+            if offs.0 > offs.1 || offs.1 > data_len {
+                return Err(bad(format!(
+                    "`{name}` occupies bytes {}..{} but the file holds {data_len} data bytes: truncated?",
+                    offs.0, offs.1
+                )));
+            }
+            let dtype = match dtype_str {
+                "F32" => Ok(DType::F32),
+                "F16" => Ok(DType::F16),
+                "BF16" => Ok(DType::BF16),
+                other => Err(other.to_string()),
+            };
+            if let Ok(dt) = dtype {
+                let expect = shape.iter().product::<usize>() * dt.size();
+                if expect != offs.1 - offs.0 {
+                    return Err(bad(format!("`{name}` holds {} bytes but shape {shape:?} of {dt} needs {expect}", offs.1 - offs.0)));
+                }
+            }
+            self.entries.insert(name, Entry { file: file_idx, dtype, shape, start: data_start + offs.0, end: data_start + offs.1 });
+        }
+        self.maps.push(Arc::new(map));
+        self.files.push(path);
+        Ok(())
+    }
+
+    /// The folder the files are in.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The weight files, in load order.
+    pub fn files(&self) -> &[PathBuf] {
+        &self.files
+    }
+
+    /// Whether a tensor exists.
+    pub fn contains(&self, name: &str) -> bool {
+        self.entries.contains_key(name)
+    }
+
+    /// All tensor names.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.entries.keys().map(|s| s.as_str())
+    }
+
+    /// Bytes of all weight files.
+    pub fn total_bytes(&self) -> u64 {
+        self.maps.iter().map(|m| m.len() as u64).sum()
+    }
+
+    /// A tensor by name, of any shape.
+    pub fn get(&self, name: &str) -> Result<TensorRef, WeightsError> {
+        let e = self
+            .entries
+            .get(name)
+            .ok_or_else(|| WeightsError::MissingTensor { name: name.into(), dir: self.dir.clone() })?;
+        let dtype = e.dtype.clone().map_err(|dtype| WeightsError::DType { name: name.into(), dtype })?;
+        let owner: Arc<dyn AsRef<[u8]> + Send + Sync> = self.maps[e.file].clone();
+        let bytes = HostBytes::new(owner, e.start, e.end - e.start).ok_or_else(|| WeightsError::MissingTensor {
+            name: name.into(),
+            dir: self.dir.clone(),
+        })?;
+        if let Ok(mut used) = self.used.lock() {
+            used.insert(name.to_string());
+        }
+        Ok(TensorRef { name: name.into(), dtype, shape: e.shape.clone(), bytes })
+    }
+
+    /// A tensor that must have exactly `shape`.
+    pub fn get_shaped(&self, name: &str, shape: &[usize]) -> Result<TensorRef, WeightsError> {
+        let t = self.get(name)?;
+        if t.shape != shape {
+            return Err(WeightsError::Shape { name: name.into(), found: t.shape, expected: shape.to_vec() });
+        }
+        Ok(t)
+    }
+
+    /// Tensors present in the files that no `get` asked for (e.g. a vision tower).
+    pub fn unused(&self) -> Vec<String> {
+        let used = self.used.lock().map(|u| u.clone()).unwrap_or_default();
+        let mut v: Vec<String> = self.entries.keys().filter(|k| !used.contains(*k)).cloned().collect();
+        v.sort();
+        v
+    }
+}

@@ -1,0 +1,264 @@
+//! The `ft-actor` binary end to end: outputs on the fixtures, and one clear error (never a
+//! panic) for each kind of bad input.
+
+mod common;
+use common::*;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn ft(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_ft-actor"))
+        .args(args)
+        .env("XDG_CACHE_HOME", std::env::temp_dir().join("ft-actor-test-cache"))
+        .env_remove("FT_MODEL")
+        .output()
+        .expect("run ft-actor")
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// Asserts the command failed with one clear message containing every `needle`.
+fn assert_clean_error(o: &Output, needles: &[&str]) {
+    let err = stderr(o);
+    assert!(!o.status.success(), "expected failure, got success; stderr: {err}");
+    assert_eq!(o.status.code(), Some(1), "exit code; stderr: {err}");
+    assert!(!err.contains("panicked"), "panic instead of an error: {err}");
+    assert!(err.contains("error:"), "no error line: {err}");
+    for n in needles {
+        assert!(err.contains(n), "error message lacks `{n}`: {err}");
+    }
+}
+
+/// A scratch copy of a fixture checkpoint that a test may break.
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn of(fixture_name: &str, tag: &str) -> Scratch {
+        let dir = std::env::temp_dir().join(format!("ft-cli-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        for e in std::fs::read_dir(fixture(fixture_name).join("checkpoint")).unwrap() {
+            let p = e.unwrap().path();
+            std::fs::copy(&p, dir.join(p.file_name().unwrap())).unwrap();
+        }
+        Scratch(dir)
+    }
+    fn path(&self) -> &str {
+        self.0.to_str().unwrap()
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Rewrites the JSON header of a safetensors file with `edit`, keeping the data bytes.
+fn edit_header(file: &Path, edit: impl FnOnce(&mut serde_json::Map<String, serde_json::Value>)) {
+    let bytes = std::fs::read(file).unwrap();
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let mut header: serde_json::Map<String, serde_json::Value> = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+    edit(&mut header);
+    let mut h = serde_json::to_vec(&header).unwrap();
+    while h.len() % 8 != 0 {
+        h.push(b' ');
+    }
+    let mut out = (h.len() as u64).to_le_bytes().to_vec();
+    out.extend(h);
+    out.extend(&bytes[8 + n..]);
+    std::fs::write(file, out).unwrap();
+}
+
+fn ids_json(o: &Output) -> Vec<u32> {
+    let line = stdout(o).lines().last().unwrap_or_default().to_string();
+    serde_json::from_str(&line).unwrap_or_else(|e| panic!("stdout is not a JSON id list ({e}): {line}"))
+}
+
+#[test]
+fn generate_output_ids_match_transformers_greedy_tokens() {
+    let r = reference_json("qwen3_moe");
+    let ids = prompts(&r)[1].iter().map(|i| i.to_string()).collect::<Vec<_>>().join(",");
+    let dir = fixture("qwen3_moe").join("checkpoint");
+    let o = ft(&["generate", "--model", dir.to_str().unwrap(), "--backend", "cpu", "--prompt-ids", &ids,
+        "--max-tokens", "16", "--temperature", "0", "--output-ids", "--ignore-eos"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let want: Vec<u32> = r["generation"][1]["new_ids"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect();
+    assert_eq!(ids_json(&o), want);
+}
+
+#[test]
+fn logits_npy_matches_reference() {
+    let r = reference_json("mixtral");
+    let ids = prompts(&r)[0].iter().map(|i| i.to_string()).collect::<Vec<_>>().join(",");
+    let out = std::env::temp_dir().join(format!("ft-cli-logits-{}.npy", std::process::id()));
+    let dir = fixture("mixtral").join("checkpoint");
+    let o = ft(&["logits", "--model", dir.to_str().unwrap(), "--prompt-ids", &ids, "--out", out.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let bytes = std::fs::read(&out).unwrap();
+    std::fs::remove_file(&out).ok();
+    let hlen = u16::from_le_bytes([bytes[8], bytes[9]]) as usize;
+    let header = std::str::from_utf8(&bytes[10..10 + hlen]).unwrap();
+    assert!(header.contains("'descr': '<f4'") && header.contains("(5, 1024)"), "{header}");
+    let got: Vec<f32> = bytes[10 + hlen..].chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
+    let want = tensor(&reference_tensors("mixtral"), "logits.p0");
+    assert!(max_abs_diff(&got, &want) <= 1e-3);
+}
+
+#[test]
+fn generate_runs_on_the_builtin_demo_model_with_chat() {
+    let o = ft(&["generate", "--prompt", "Hello!", "--chat", "--system", "Be brief.", "--max-tokens", "8", "--seed", "1"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stderr(&o).contains("new tokens"), "{}", stderr(&o));
+}
+
+#[test]
+fn info_reports_sizes_and_plan() {
+    let dir = fixture("glm4_moe").join("checkpoint");
+    let o = ft(&["info", "--model", dir.to_str().unwrap(), "--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(v["architecture"], "glm4_moe");
+    assert_eq!(v["layers"], 3);
+    assert_eq!(v["moe_layers"], 2);
+    // 3 matrices of 32×64 f32 per expert.
+    assert_eq!(v["bytes_per_expert"], 3 * 32 * 64 * 4);
+    assert!(v["active_params"].as_u64().unwrap() < v["total_params"].as_u64().unwrap());
+    let o = ft(&["info", "--model", dir.to_str().unwrap()]);
+    assert!(stdout(&o).contains("memory plan"), "{}", stdout(&o));
+}
+
+#[test]
+fn missing_folder_is_a_clear_error() {
+    let o = ft(&["generate", "--model", "/nonexistent/model", "--prompt-ids", "1,2"]);
+    assert_clean_error(&o, &["/nonexistent/model", "does not exist"]);
+}
+
+#[test]
+fn missing_config_is_a_clear_error() {
+    let s = Scratch::of("mixtral", "noconfig");
+    std::fs::remove_file(s.0.join("config.json")).unwrap();
+    assert_clean_error(&ft(&["info", "--model", s.path()]), &["config.json"]);
+}
+
+#[test]
+fn malformed_config_is_a_clear_error() {
+    let s = Scratch::of("mixtral", "badjson");
+    std::fs::write(s.0.join("config.json"), "{\"model_type\": \"mixtral\",").unwrap();
+    assert_clean_error(&ft(&["info", "--model", s.path()]), &["config.json", "not valid JSON"]);
+}
+
+#[test]
+fn unknown_model_type_lists_the_supported_ones() {
+    let s = Scratch::of("mixtral", "unknownarch");
+    let cfg = std::fs::read_to_string(s.0.join("config.json")).unwrap().replace("\"mixtral\"", "\"llama_moe_xl\"");
+    std::fs::write(s.0.join("config.json"), cfg).unwrap();
+    assert_clean_error(&ft(&["info", "--model", s.path()]), &["llama_moe_xl", "qwen3_moe", "glm4_moe"]);
+}
+
+#[test]
+fn missing_config_key_names_the_key() {
+    let s = Scratch::of("mixtral", "nokey");
+    let mut v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(s.0.join("config.json")).unwrap()).unwrap();
+    v.as_object_mut().unwrap().remove("hidden_size");
+    std::fs::write(s.0.join("config.json"), v.to_string()).unwrap();
+    assert_clean_error(&ft(&["info", "--model", s.path()]), &["hidden_size"]);
+}
+
+#[test]
+fn missing_tensor_is_named() {
+    let s = Scratch::of("mixtral", "notensor");
+    edit_header(&s.0.join("model.safetensors"), |h| {
+        h.remove("model.layers.1.self_attn.k_proj.weight");
+    });
+    assert_clean_error(&ft(&["info", "--model", s.path()]), &["model.layers.1.self_attn.k_proj.weight", "not found"]);
+}
+
+#[test]
+fn wrong_shape_names_tensor_and_both_shapes() {
+    let s = Scratch::of("mixtral", "shape");
+    edit_header(&s.0.join("model.safetensors"), |h| {
+        h["model.layers.0.self_attn.q_proj.weight"]["shape"] = serde_json::json!([32, 128]);
+    });
+    assert_clean_error(&ft(&["info", "--model", s.path()]), &["model.layers.0.self_attn.q_proj.weight", "[32, 128]", "[64, 64]"]);
+}
+
+#[test]
+fn unsupported_dtype_is_named() {
+    let s = Scratch::of("mixtral", "dtype");
+    edit_header(&s.0.join("model.safetensors"), |h| {
+        h["model.norm.weight"]["dtype"] = serde_json::json!("I32");
+    });
+    assert_clean_error(&ft(&["info", "--model", s.path()]), &["model.norm.weight", "I32"]);
+}
+
+#[test]
+fn truncated_safetensors_is_reported() {
+    let s = Scratch::of("mixtral", "trunc");
+    let f = s.0.join("model.safetensors");
+    let bytes = std::fs::read(&f).unwrap();
+    std::fs::write(&f, &bytes[..bytes.len() / 2]).unwrap();
+    assert_clean_error(&ft(&["info", "--model", s.path()]), &["model.safetensors", "truncated"]);
+}
+
+#[test]
+fn missing_shard_is_named() {
+    let s = Scratch::of("qwen3_moe", "shard");
+    std::fs::remove_file(s.0.join("model-00002-of-00002.safetensors")).unwrap();
+    assert_clean_error(&ft(&["info", "--model", s.path()]), &["model-00002-of-00002.safetensors"]);
+}
+
+#[test]
+fn prompt_longer_than_context_is_refused() {
+    let dir = fixture("mixtral").join("checkpoint");
+    let o = ft(&["generate", "--model", dir.to_str().unwrap(), "--ctx-size", "4", "--prompt-ids", "1,2,3,4,5"]);
+    assert_clean_error(&o, &["5 tokens", "context holds 4"]);
+}
+
+#[test]
+fn token_id_outside_vocabulary_is_refused() {
+    let dir = fixture("mixtral").join("checkpoint");
+    let o = ft(&["generate", "--model", dir.to_str().unwrap(), "--prompt-ids", "1,99999"]);
+    assert_clean_error(&o, &["99999", "vocabulary"]);
+}
+
+#[test]
+fn missing_tokenizer_is_named_when_text_is_given() {
+    let s = Scratch::of("mixtral", "notok");
+    std::fs::remove_file(s.0.join("tokenizer.json")).unwrap();
+    assert_clean_error(&ft(&["generate", "--model", s.path(), "--prompt", "hi"]), &["tokenizer.json"]);
+}
+
+#[test]
+fn unavailable_backend_is_one_clear_error() {
+    let dir = fixture("mixtral").join("checkpoint");
+    let o = ft(&["generate", "--model", dir.to_str().unwrap(), "--backend", "wgpu", "--prompt-ids", "1,2"]);
+    assert_clean_error(&o, &["wgpu"]);
+}
+
+#[test]
+fn cuda_without_a_driver_is_one_clear_error_for_every_model_command() {
+    if ft_backend_cuda::find_driver().is_some() {
+        eprintln!("skipped: an NVIDIA driver is present on this machine");
+        return;
+    }
+    let dir = fixture("mixtral").join("checkpoint");
+    let d = dir.to_str().unwrap();
+    let out = std::env::temp_dir().join("ft-cli-cuda.npy");
+    for args in [
+        vec!["generate", "--model", d, "--backend", "cuda", "--prompt-ids", "1,2"],
+        vec!["logits", "--model", d, "--backend", "cuda", "--prompt-ids", "1,2", "--out", out.to_str().unwrap()],
+        vec!["info", "--model", d, "--backend", "cuda"],
+        vec!["bench", "--model", d, "--backend", "cuda"],
+    ] {
+        assert_clean_error(&ft(&args), &["NVIDIA driver", "--backend"]);
+    }
+    let o = ft(&["generate", "--model", d, "--backend", "auto", "--prompt-ids", "1,2", "--max-tokens", "2", "--output-ids"]);
+    assert!(o.status.success(), "auto must fall back to the CPU: {}", stderr(&o));
+}

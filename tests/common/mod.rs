@@ -1,0 +1,64 @@
+//! Shared helpers for integration tests: fixture paths, reference tensors, comparisons.
+#![allow(dead_code)]
+
+use ft_actor::model::{Model, WeightFiles};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+/// `tests/fixtures/<name>`.
+pub fn fixture(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name)
+}
+
+/// The parsed `reference.json` of a fixture.
+pub fn reference_json(name: &str) -> serde_json::Value {
+    let path = fixture(name).join("reference.json");
+    serde_json::from_str(&std::fs::read_to_string(&path).expect("reference.json")).expect("reference.json parses")
+}
+
+/// The reference tensors of a fixture.
+pub fn reference_tensors(name: &str) -> WeightFiles {
+    WeightFiles::open_file(&fixture(name).join("reference.safetensors")).expect("reference.safetensors")
+}
+
+/// A reference tensor as f32 values.
+pub fn tensor(refs: &WeightFiles, key: &str) -> Vec<f32> {
+    refs.get(key).unwrap_or_else(|e| panic!("{e}")).to_f32()
+}
+
+/// The CPU backend used by tests (SIMD auto, 2 threads).
+pub fn cpu_backend() -> Arc<dyn ft_backend::Backend> {
+    Arc::new(ft_backend_cpu::CpuBackend::new(ft_backend_cpu::CpuOptions { threads: Some(2), ..Default::default() }).expect("cpu backend"))
+}
+
+/// Loads a fixture checkpoint on the CPU backend.
+pub fn load(name: &str) -> Model {
+    Model::load(&fixture(name).join("checkpoint"), cpu_backend(), &mut |_, _| {}).unwrap_or_else(|e| panic!("{name}: {e}"))
+}
+
+/// Largest absolute difference; panics on length mismatch.
+pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len(), "length mismatch");
+    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+}
+
+/// Index of the largest value (first on ties).
+pub fn argmax(v: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, x) in v.iter().enumerate() {
+        if *x > v[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+/// Prompt ids of a fixture.
+pub fn prompts(r: &serde_json::Value) -> Vec<Vec<u32>> {
+    r["prompts"]
+        .as_array()
+        .expect("prompts")
+        .iter()
+        .map(|p| p["ids"].as_array().expect("ids").iter().map(|x| x.as_u64().expect("id") as u32).collect())
+        .collect()
+}
