@@ -2,7 +2,7 @@
 //! straight from host memory. It stays as the oracle the actor pipeline is checked against.
 
 use super::routing::{route, Routing};
-use super::weights::{AttentionWeights, ExpertWeights, FeedForward, MoeWeights, Mlp};
+use super::weights::{AttentionWeights, FeedForward, HostMatrix, MoeWeights, Mlp};
 use super::{Model, ModelError};
 use crate::kv::{LayerState, SequenceState};
 use ft_backend::{
@@ -32,6 +32,80 @@ pub struct Trace {
     pub hidden: Vec<Vec<f32>>,
 }
 
+/// Computes the routed experts of one MoE layer for a batch of tokens.
+///
+/// The layer loop is written once ([`Model::forward_with`]); what differs between the
+/// reference pass and the actor pipeline is only where each expert runs.
+pub trait ExpertRunner {
+    /// Adds `Σ weight · expert(h[token])` for every routed (token, expert) pair into `out`
+    /// (`[tokens, hidden]`, already holding other contributions).
+    fn run_experts(
+        &mut self,
+        model: &Model,
+        layer: usize,
+        h: &DeviceBuffer,
+        routing: &Routing,
+        out: &mut DeviceBuffer,
+    ) -> Result<(), ModelError>;
+}
+
+/// Runs every expert on the model's backend straight from host memory (the oracle).
+pub struct ReferenceExperts;
+
+impl ExpertRunner for ReferenceExperts {
+    fn run_experts(
+        &mut self,
+        model: &Model,
+        layer: usize,
+        h: &DeviceBuffer,
+        routing: &Routing,
+        out: &mut DeviceBuffer,
+    ) -> Result<(), ModelError> {
+        let be = model.backend();
+        let hidden = model.config().hidden_size;
+        let experts = model.experts(layer);
+        for (expert, rows, weights) in routing.by_expert() {
+            let w = &experts[expert as usize];
+            let import = |m: &HostMatrix| be.import_host(m.bytes.clone(), m.dtype, BufferUsage::ExpertSlot);
+            let bufs = ExpertBuffers { gate: import(&w.gate)?, up: import(&w.up)?, down: import(&w.down)? };
+            let mut xs = scratch(be, rows.len() * hidden)?;
+            be.gather_rows(h, &rows, hidden, &mut xs)?;
+            let y = expert_forward(be, &bufs, &xs, rows.len(), w.gate.rows, hidden)?;
+            be.scatter_add_rows(out, &y, &rows, &weights, hidden)?;
+        }
+        Ok(())
+    }
+}
+
+/// One expert's three matrices as device buffers (imported host memory or a cache slot).
+pub struct ExpertBuffers {
+    /// `[I, H]`.
+    pub gate: DeviceBuffer,
+    /// `[I, H]`.
+    pub up: DeviceBuffer,
+    /// `[H, I]`.
+    pub down: DeviceBuffer,
+}
+
+/// `down(silu(gate · x) ⊙ (up · x))` over `n` gathered token rows; returns `[n, hidden]`.
+pub fn expert_forward(
+    be: &dyn Backend,
+    w: &ExpertBuffers,
+    xs: &DeviceBuffer,
+    n: usize,
+    inter: usize,
+    hidden: usize,
+) -> Result<DeviceBuffer, ModelError> {
+    let mut g = scratch(be, n * inter)?;
+    let mut u = scratch(be, n * inter)?;
+    be.matmul(xs, &w.gate, None, &mut g, &MatmulDesc::new(n, hidden, inter))?;
+    be.matmul(xs, &w.up, None, &mut u, &MatmulDesc::new(n, hidden, inter))?;
+    be.binary(BinaryOp::SwiGlu, &mut g, &u, n * inter)?;
+    let mut y = scratch(be, n * hidden)?;
+    be.matmul(&g, &w.down, None, &mut y, &MatmulDesc::new(n, inter, hidden))?;
+    Ok(y)
+}
+
 fn scratch(be: &dyn Backend, len: usize) -> Result<DeviceBuffer, ModelError> {
     Ok(be.alloc(DType::F32, len, BufferUsage::Scratch)?)
 }
@@ -54,7 +128,19 @@ impl Model {
         state: &mut SequenceState,
         tokens: &[u32],
         logits: Logits,
+        trace: Option<&mut Trace>,
+    ) -> Result<Vec<f32>, ModelError> {
+        self.forward_with(state, tokens, logits, trace, &mut ReferenceExperts)
+    }
+
+    /// The forward pass with routed experts computed by `experts`.
+    pub fn forward_with(
+        &self,
+        state: &mut SequenceState,
+        tokens: &[u32],
+        logits: Logits,
         mut trace: Option<&mut Trace>,
+        experts: &mut dyn ExpertRunner,
     ) -> Result<Vec<f32>, ModelError> {
         let cfg = self.config();
         let be = self.backend();
@@ -84,7 +170,7 @@ impl Model {
             match &layer.ffn {
                 FeedForward::Dense(mlp) => self.mlp(mlp, &normed, &mut delta, t)?,
                 FeedForward::Moe(moe) => {
-                    let routing = self.moe(moe, &normed, &mut delta, t, i, trace.as_deref_mut())?;
+                    let routing = self.moe(moe, &normed, &mut delta, t, i, trace.as_deref_mut(), experts)?;
                     if let Some(tr) = trace.as_deref_mut() {
                         tr.routing.push((i, routing));
                     }
@@ -190,6 +276,7 @@ impl Model {
         t: usize,
         layer: usize,
         trace: Option<&mut Trace>,
+        experts: &mut dyn ExpertRunner,
     ) -> Result<Routing, ModelError> {
         let cfg = self.config();
         let be = self.backend();
@@ -203,13 +290,7 @@ impl Model {
         }
         // `out` is reused scratch: clear it before accumulating expert outputs.
         be.scale(out, 0.0, t * h)?;
-        for (expert, rows, weights) in routing.by_expert() {
-            let ew = &w.experts[expert as usize];
-            let mut xs = scratch(be, rows.len() * h)?;
-            be.gather_rows(x, &rows, h, &mut xs)?;
-            let y = self.expert(ew, &xs, rows.len())?;
-            be.scatter_add_rows(out, &y, &rows, &weights, h)?;
-        }
+        experts.run_experts(self, layer, x, &routing, out)?;
         if let Some(shared) = &w.shared {
             let mut y = scratch(be, t * h)?;
             self.mlp(shared, x, &mut y, t)?;
@@ -225,21 +306,5 @@ impl Model {
             be.scatter_add_rows(out, &y, &rows, &scales, h)?;
         }
         Ok(routing)
-    }
-
-    /// One routed expert over `n` gathered token rows, weights read in place from host memory.
-    pub(crate) fn expert(&self, w: &ExpertWeights, xs: &DeviceBuffer, n: usize) -> Result<DeviceBuffer, ModelError> {
-        let be = self.backend();
-        let (inter, h) = (w.gate.rows, w.gate.cols);
-        let import = |m: &super::weights::HostMatrix| be.import_host(m.bytes.clone(), m.dtype, BufferUsage::ExpertSlot);
-        let (gw, uw, dw) = (import(&w.gate)?, import(&w.up)?, import(&w.down)?);
-        let mut g = scratch(be, n * inter)?;
-        let mut u = scratch(be, n * inter)?;
-        be.matmul(xs, &gw, None, &mut g, &MatmulDesc::new(n, h, inter))?;
-        be.matmul(xs, &uw, None, &mut u, &MatmulDesc::new(n, h, inter))?;
-        be.binary(BinaryOp::SwiGlu, &mut g, &u, n * inter)?;
-        let mut y = scratch(be, n * h)?;
-        be.matmul(&g, &dw, None, &mut y, &MatmulDesc::new(n, inter, h))?;
-        Ok(y)
     }
 }
