@@ -1,13 +1,12 @@
-//! `ft-actor bench`: prefill and decode speed against the machine's own memory bandwidth.
+//! `ft-actor bench`: prefill and decode speed through the engine, against the machine's own
+//! memory bandwidth.
 //!
 //! Decode of one sequence is memory-bound: every step reads the non-expert weights and the
 //! chosen experts once. The roofline is `bandwidth / bytes_per_token`; the report gives the
-//! achieved GB/s and its fraction of the read bandwidth this command measures itself.
+//! achieved GB/s and its fraction of the read bandwidth this command measures itself, plus
+//! the expert cache behaviour (hit rate, bytes moved) and the actor overhead per step.
 
-use crate::kv::SequenceState;
-use crate::model::info::{stats, ModelStats};
-use crate::model::{Logits, Model, ModelError};
-use crate::sampling::argmax;
+use crate::engine::{EngineError, EngineHandle, EngineRequest, GenEvent};
 use rayon::prelude::*;
 use std::time::Instant;
 
@@ -52,66 +51,89 @@ pub struct BenchOptions {
     pub prompt_len: usize,
     /// Tokens to decode.
     pub gen_tokens: usize,
-    /// Threads for the bandwidth measurement.
-    pub threads: usize,
-    /// Bytes to stream when measuring bandwidth.
-    pub bandwidth_bytes: usize,
 }
 
-/// Results of a benchmark run.
-#[derive(Clone, Debug)]
+/// Results of one engine configuration.
+#[derive(Clone, Debug, Default)]
 pub struct BenchReport {
-    /// Model size facts.
-    pub stats: ModelStats,
     /// Prefill throughput.
     pub prefill_tok_s: f64,
     /// Decode throughput.
     pub decode_tok_s: f64,
-    /// Weight bytes read per decoded token.
+    /// Weight bytes read per decoded token (non-expert + top-k experts).
     pub bytes_per_token: u64,
     /// Achieved decode bandwidth, GB/s.
     pub decode_gb_s: f64,
-    /// Measured memory read bandwidth, GB/s.
-    pub memory_gb_s: f64,
-    /// `decode_gb_s / memory_gb_s`.
-    pub roofline_fraction: f64,
-    /// Decode tok/s if bandwidth were the only limit.
-    pub roofline_tok_s: f64,
+    /// Expert cache hit rate during decode.
+    pub hit_rate: f64,
+    /// Host→device bytes per decoded token.
+    pub bytes_moved_per_token: f64,
+    /// Misses fetched per decoded token.
+    pub fetched_per_token: f64,
+    /// Misses computed on the CPU per decoded token.
+    pub cpu_per_token: f64,
+    /// Actor messaging as a fraction of decode step time.
+    pub actor_overhead: f64,
 }
 
-/// Runs the benchmark; `progress` receives short status lines.
-pub fn run(model: &Model, opts: &BenchOptions, progress: &mut dyn FnMut(&str)) -> Result<BenchReport, ModelError> {
-    let st = stats(model);
-    progress(&format!("measuring memory read bandwidth ({} MiB, {} threads)", opts.bandwidth_bytes >> 20, opts.threads));
-    let memory_gb_s = memory_bandwidth(opts.threads, opts.bandwidth_bytes);
-    let vocab = model.config().vocab_size as u32;
-    // A deterministic prompt that spreads over the vocabulary (routing then varies as in text).
-    let prompt: Vec<u32> = (0..opts.prompt_len as u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 7) % vocab).collect();
-    let mut state = SequenceState::new(model, opts.prompt_len + opts.gen_tokens + 1)?;
-    progress(&format!("prefill of {} tokens", opts.prompt_len));
+/// A deterministic prompt that spreads over the vocabulary (routing then varies as in text).
+pub fn bench_prompt(len: usize, vocab: usize) -> Vec<u32> {
+    (0..len as u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 7) % vocab.max(1) as u32).collect()
+}
+
+async fn one_run(engine: &EngineHandle, prompt: Vec<u32>, tokens: usize, reset_after_first: bool) -> Result<(f64, f64, usize), EngineError> {
+    let mut req = EngineRequest::greedy(prompt, tokens);
+    req.ignore_eos = true;
     let start = Instant::now();
-    let mut logits = model.forward(&mut state, &prompt, Logits::Last)?;
-    let prefill_tok_s = opts.prompt_len as f64 / start.elapsed().as_secs_f64();
-    progress(&format!("decode of {} tokens", opts.gen_tokens));
-    let start = Instant::now();
-    for i in 0..opts.gen_tokens {
-        let next = argmax(&logits);
-        logits = model.forward(&mut state, &[next], Logits::Last)?;
-        if (i + 1) % 8 == 0 {
-            progress(&format!("  {} / {} tokens", i + 1, opts.gen_tokens));
+    let mut stream = engine.generate(req).await?;
+    let (mut first, mut n) = (None, 0usize);
+    while let Some(ev) = stream.next().await {
+        match ev {
+            GenEvent::Token { .. } => {
+                n += 1;
+                if first.is_none() {
+                    first = Some(start.elapsed().as_secs_f64());
+                    if reset_after_first {
+                        engine.reset_stats().await?;
+                    }
+                }
+            }
+            GenEvent::Done(_) => break,
+            GenEvent::Error(e) => return Err(EngineError::Internal(e)),
         }
     }
-    let decode_tok_s = opts.gen_tokens as f64 / start.elapsed().as_secs_f64();
-    let bytes_per_token = st.bytes_per_token;
-    let decode_gb_s = decode_tok_s * bytes_per_token as f64 / 1e9;
+    let first = first.unwrap_or_default();
+    Ok((first, start.elapsed().as_secs_f64() - first, n))
+}
+
+/// Measures `engine`: a warm-up (so the mapped weights are resident), a prefill, a decode.
+pub async fn run(engine: &EngineHandle, opts: &BenchOptions, progress: &mut (dyn FnMut(&str) + Send)) -> Result<BenchReport, EngineError> {
+    let info = engine.info();
+    let prompt = bench_prompt(opts.prompt_len.max(1), info.config.vocab_size);
+    progress("warm-up");
+    one_run(engine, prompt.clone(), 2, false).await?;
+    progress(&format!("prefill of {} tokens", prompt.len()));
+    let (prefill_s, _, _) = one_run(engine, prompt.clone(), 1, false).await?;
+    progress(&format!("decode of {} tokens", opts.gen_tokens));
+    let (_, decode_s, n) = one_run(engine, prompt, opts.gen_tokens + 1, true).await?;
+    let stats = engine.stats().await?;
+    let decoded = n.saturating_sub(1).max(1) as f64;
+    let steps = stats.decode_steps.max(1) as f64;
+    let decode_tok_s = decoded / decode_s.max(1e-9);
+    let bytes_per_token = info.stats.bytes_per_token;
     Ok(BenchReport {
-        stats: st,
-        prefill_tok_s,
+        prefill_tok_s: prompt_len_or_1(opts) / prefill_s.max(1e-9),
         decode_tok_s,
         bytes_per_token,
-        decode_gb_s,
-        memory_gb_s,
-        roofline_fraction: if memory_gb_s > 0.0 { decode_gb_s / memory_gb_s } else { 0.0 },
-        roofline_tok_s: memory_gb_s * 1e9 / bytes_per_token.max(1) as f64,
+        decode_gb_s: decode_tok_s * bytes_per_token as f64 / 1e9,
+        hit_rate: stats.total.hit_rate(),
+        bytes_moved_per_token: stats.total.bytes_moved as f64 / steps,
+        fetched_per_token: stats.total.fetched as f64 / steps,
+        cpu_per_token: stats.total.cpu_computed as f64 / steps,
+        actor_overhead: stats.actor_overhead_fraction(),
     })
+}
+
+fn prompt_len_or_1(o: &BenchOptions) -> f64 {
+    o.prompt_len.max(1) as f64
 }

@@ -2,16 +2,17 @@
 //!
 //! A personal computer is treated as one system (GPU, CPU, host RAM and the link between
 //! them). The pieces: [`model`] (config, weights, architectures, the reference forward
-//! pass), [`kv`] (per-sequence state), [`generate`] (sampling loop), [`tokenizer`] and
+//! pass), [`kv`] (per-sequence state), [`engine`] and [`actors`] (the runtime that runs generations), [`policy`] (its decisions), [`tokenizer`] and
 //! [`chat`] (text in and out), [`device`] (choosing a backend), [`bench`] and [`synth`]
 //! (measuring speed at real sizes), [`cli`] (the `ft-actor` command).
 
+pub mod actors;
 pub mod bench;
 pub mod chat;
 pub mod cli;
 pub mod demo;
 pub mod device;
-pub mod generate;
+pub mod engine;
 pub mod kv;
 pub mod model;
 pub mod npy;

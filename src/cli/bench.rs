@@ -1,7 +1,8 @@
-//! `ft-actor bench`.
+//! `ft-actor bench`: one engine per `--moe-mode` in `--modes`, same model and cache cap.
 
-use super::ModelArgs;
-use crate::bench::{run as run_bench, BenchOptions};
+use super::{runtime, start_engine, ModelArgs};
+use crate::bench::{memory_bandwidth, run as run_bench, BenchOptions};
+use crate::policy::MoeMode;
 use anyhow::Result;
 use clap::Args;
 
@@ -16,45 +17,72 @@ pub struct BenchArgs {
     /// Tokens to decode.
     #[arg(long, default_value_t = 32)]
     gen_tokens: usize,
+    /// MoE modes to compare (default: just --moe-mode).
+    #[arg(long, value_delimiter = ',')]
+    modes: Vec<MoeMode>,
     /// MiB streamed to measure memory bandwidth.
     #[arg(long, default_value_t = 1024)]
     bandwidth_mib: usize,
-    /// Print JSON instead of a table.
+    /// Print JSON lines instead of a table.
     #[arg(long)]
     json: bool,
 }
 
 /// `bench`.
 pub fn run(a: BenchArgs) -> Result<()> {
-    let model = a.model.load()?;
     let threads = a.model.cpu_threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
-    let opts = BenchOptions { prompt_len: a.prompt_len.max(1), gen_tokens: a.gen_tokens.max(1), threads, bandwidth_bytes: a.bandwidth_mib << 20 };
-    let r = run_bench(&model, &opts, &mut |line| eprintln!("{line}"))?;
-    if a.json {
-        let v = serde_json::json!({
-            "model_dir": model.dir(), "backend": model.backend().kind().to_string(),
-            "prompt_len": opts.prompt_len, "gen_tokens": opts.gen_tokens,
-            "prefill_tok_s": r.prefill_tok_s, "decode_tok_s": r.decode_tok_s,
-            "bytes_per_token": r.bytes_per_token, "decode_gb_s": r.decode_gb_s,
-            "memory_gb_s": r.memory_gb_s, "roofline_fraction": r.roofline_fraction,
-            "roofline_tok_s": r.roofline_tok_s, "active_params": r.stats.active_params,
-        });
-        println!("{}", serde_json::to_string_pretty(&v)?);
-        return Ok(());
+    eprintln!("measuring memory read bandwidth ({} MiB, {threads} threads)", a.bandwidth_mib);
+    let memory_gb_s = memory_bandwidth(threads, a.bandwidth_mib << 20);
+    let modes = if a.modes.is_empty() { vec![a.model.moe_mode] } else { a.modes.clone() };
+    let opts = BenchOptions { prompt_len: a.prompt_len.max(1), gen_tokens: a.gen_tokens.max(1) };
+    let rt = runtime()?;
+    let mut rows = vec![];
+    for mode in modes {
+        let mut config = a.model.engine_config();
+        config.moe_mode = mode;
+        let r = rt.block_on(async {
+            let engine = start_engine(config).await?;
+            let info = engine.info().clone();
+            let r = run_bench(&engine, &opts, &mut |line| eprintln!("[{mode}] {line}")).await;
+            engine.shutdown().await;
+            anyhow::Ok((info, r?))
+        })?;
+        rows.push((mode, r));
     }
-    println!("| model | backend | prefill tok/s | decode tok/s | MB read/token | decode GB/s | memory GB/s | roofline |");
-    println!("|---|---|---|---|---|---|---|---|");
-    println!(
-        "| {} | {} | {:.1} | {:.2} | {:.1} | {:.1} | {:.1} | {:.0} % ({:.2} tok/s max) |",
-        model.dir().file_name().map_or_else(|| model.dir().display().to_string(), |n| n.to_string_lossy().into_owned()),
-        model.backend().kind(),
-        r.prefill_tok_s,
-        r.decode_tok_s,
-        r.bytes_per_token as f64 / 1e6,
-        r.decode_gb_s,
-        r.memory_gb_s,
-        r.roofline_fraction * 100.0,
-        r.roofline_tok_s
-    );
+    if !a.json {
+        println!("| mode | effective | cache slots | prefill tok/s | decode tok/s | GB/s | roofline | hit rate | MB moved/tok | fetched/tok | CPU experts/tok | actor overhead |");
+        println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
+    }
+    for (mode, (info, r)) in rows {
+        let roofline = r.decode_gb_s / memory_gb_s.max(1e-9);
+        if a.json {
+            let v = serde_json::json!({
+                "mode": mode.to_string(), "effective": info.moe_mode, "cache_slots": info.memory.cache_slots,
+                "prefill_tok_s": r.prefill_tok_s, "decode_tok_s": r.decode_tok_s,
+                "bytes_per_token": r.bytes_per_token, "decode_gb_s": r.decode_gb_s,
+                "memory_gb_s": memory_gb_s, "roofline_fraction": roofline,
+                "hit_rate": r.hit_rate, "bytes_moved_per_token": r.bytes_moved_per_token,
+                "fetched_per_token": r.fetched_per_token, "cpu_experts_per_token": r.cpu_per_token,
+                "actor_overhead_fraction": r.actor_overhead, "b_p": info.b_p, "b_h": info.b_h,
+            });
+            println!("{v}");
+        } else {
+            println!(
+                "| {mode} | {} | {} | {:.1} | {:.2} | {:.1} | {:.0} % of {:.1} GB/s | {:.0} % | {:.1} | {:.1} | {:.1} | {:.2} % |",
+                info.moe_mode.split(' ').nth(2).unwrap_or("?"),
+                info.memory.cache_slots,
+                r.prefill_tok_s,
+                r.decode_tok_s,
+                r.decode_gb_s,
+                roofline * 100.0,
+                memory_gb_s,
+                r.hit_rate * 100.0,
+                r.bytes_moved_per_token / 1e6,
+                r.fetched_per_token,
+                r.cpu_per_token,
+                r.actor_overhead * 100.0
+            );
+        }
+    }
     Ok(())
 }

@@ -1,11 +1,9 @@
 //! `ft-actor generate` and `ft-actor logits`.
 
-use super::ModelArgs;
+use super::{runtime, ModelArgs};
 use crate::chat::{ChatRequest, ChatTemplate};
-use crate::generate::{generate, GenerateRequest};
-use crate::kv::SequenceState;
+use crate::engine::{EngineHandle, EngineRequest, GenEvent};
 use crate::model::generation_config::GenerationConfig;
-use crate::model::{Logits, Model};
 use crate::tokenizer::Tokenizer;
 use anyhow::{bail, Context, Result};
 use clap::Args;
@@ -83,18 +81,6 @@ pub struct LogitsArgs {
     out: PathBuf,
 }
 
-/// Loads the tokenizer of `model`, which may be absent when ids are given directly.
-fn tokenizer(model: &Model, needed: bool) -> Result<Option<Tokenizer>> {
-    match Tokenizer::from_dir(model.dir()) {
-        Ok(t) => Ok(Some(t)),
-        Err(e) if needed => Err(e).context("a tokenizer is needed for --prompt"),
-        Err(e) => {
-            tracing::warn!("no tokenizer: {e}; output will be ids only");
-            Ok(None)
-        }
-    }
-}
-
 /// Turns the prompt arguments into token ids.
 fn prompt_ids(p: &PromptArgs, tok: Option<&Tokenizer>) -> Result<Vec<u32>> {
     if let Some(ids) = &p.prompt_ids {
@@ -119,11 +105,18 @@ fn prompt_ids(p: &PromptArgs, tok: Option<&Tokenizer>) -> Result<Vec<u32>> {
 
 /// `generate`.
 pub fn run_generate(a: GenerateArgs) -> Result<()> {
-    let model = a.model.load()?;
-    let tok = tokenizer(&model, a.prompt.prompt.is_some())?;
-    let prompt = prompt_ids(&a.prompt, tok.as_ref())?;
-    let gen_cfg = GenerationConfig::from_dir(model.dir())?;
-    let mut sampling = gen_cfg.sampling();
+    runtime()?.block_on(async {
+        let engine = a.model.start().await?;
+        let r = generate_with(&engine, &a).await;
+        engine.shutdown().await;
+        r
+    })
+}
+
+async fn generate_with(engine: &EngineHandle, a: &GenerateArgs) -> Result<()> {
+    let tok = engine.tokenizer().map(|t| t.as_ref());
+    let prompt = prompt_ids(&a.prompt, tok)?;
+    let mut sampling = GenerationConfig::from_dir(&engine.info().model_dir)?.sampling();
     if let Some(t) = a.temperature {
         sampling.temperature = t;
     }
@@ -140,62 +133,66 @@ pub fn run_generate(a: GenerateArgs) -> Result<()> {
         sampling.repetition_penalty = r;
     }
     sampling.seed = a.seed;
-    let mut eos_ids = model.config().eos_token_ids.clone();
-    eos_ids.extend(&gen_cfg.eos_token_ids);
-    if let Some(id) = tok.as_ref().and_then(|t| t.eos_token_id()) {
-        eos_ids.push(id);
-    }
-    if a.ignore_eos {
-        eos_ids.clear();
-    }
-    let req = GenerateRequest {
+    let prompt_len = prompt.len();
+    let req = EngineRequest {
         prompt,
         max_tokens: a.max_tokens,
         sampling,
-        eos_ids,
         stop: a.stop.clone(),
-        context: a.model.context(&model),
+        stop_ids: vec![],
+        ignore_eos: a.ignore_eos,
+        return_logits: false,
     };
+    let mut stream = engine.generate(req).await?;
+    let mut ids = vec![];
     let stdout = std::io::stdout();
-    let text_tok = if a.output_ids { None } else { tok.as_ref() };
-    let out = generate(&model, text_tok, &req, &mut |piece| {
-        let mut lock = stdout.lock();
-        let _ = lock.write_all(piece.as_bytes());
-        let _ = lock.flush();
-    })?;
-    if a.output_ids {
-        println!("{}", serde_json::to_string(&out.ids)?);
-    } else {
-        println!();
+    while let Some(ev) = stream.next().await {
+        match ev {
+            GenEvent::Token { id, text, .. } => {
+                ids.push(id);
+                if !a.output_ids && !text.is_empty() {
+                    let mut lock = stdout.lock();
+                    lock.write_all(text.as_bytes())?;
+                    lock.flush()?;
+                }
+            }
+            GenEvent::Done(c) => {
+                if a.output_ids {
+                    println!("{}", serde_json::to_string(&ids)?);
+                } else {
+                    println!();
+                }
+                let decode = (c.total_time - c.time_to_first_token).as_secs_f64();
+                eprintln!(
+                    "[{prompt_len} prompt tokens, first token after {:.2}s, {} new tokens, {:.1} tok/s decode, finish: {:?}]",
+                    c.time_to_first_token.as_secs_f64(),
+                    c.completion_tokens,
+                    c.completion_tokens.saturating_sub(1) as f64 / decode.max(1e-9),
+                    c.finish
+                );
+                return Ok(());
+            }
+            GenEvent::Error(e) => bail!("generation failed: {e}"),
+        }
     }
-    let decode_tokens = out.ids.len().saturating_sub(1);
-    eprintln!(
-        "[{} prompt tokens in {:.2}s, {} new tokens, {:.1} tok/s decode, finish: {:?}]",
-        req.prompt.len(),
-        out.prefill_time.as_secs_f64(),
-        out.ids.len(),
-        decode_tokens as f64 / out.decode_time.as_secs_f64().max(1e-9),
-        out.finish
-    );
-    Ok(())
+    bail!("the engine stopped during generation")
 }
 
 /// `logits`.
 pub fn run_logits(a: LogitsArgs) -> Result<()> {
-    let model = a.model.load()?;
-    let tok = tokenizer(&model, a.prompt.prompt.is_some())?;
-    let prompt = prompt_ids(&a.prompt, tok.as_ref())?;
-    let context = a.model.context(&model);
-    if prompt.is_empty() {
-        bail!("the prompt is empty");
-    }
-    if prompt.len() > context {
-        bail!("prompt has {} tokens but the context holds {context}", prompt.len());
-    }
-    let mut state = SequenceState::new(&model, prompt.len())?;
-    let logits = model.forward(&mut state, &prompt, Logits::All)?;
-    crate::npy::write_f32(&a.out, &[prompt.len(), model.config().vocab_size], &logits)
-        .with_context(|| format!("cannot write {}", a.out.display()))?;
-    eprintln!("wrote {} × {} logits to {}", prompt.len(), model.config().vocab_size, a.out.display());
-    Ok(())
+    runtime()?.block_on(async {
+        let engine = a.model.start().await?;
+        let r = async {
+            let prompt = prompt_ids(&a.prompt, engine.tokenizer().map(|t| t.as_ref()))?;
+            let n = prompt.len();
+            let logits = engine.logits(prompt).await?;
+            let vocab = engine.info().config.vocab_size;
+            crate::npy::write_f32(&a.out, &[n, vocab], &logits).with_context(|| format!("cannot write {}", a.out.display()))?;
+            eprintln!("wrote {n} × {vocab} logits to {}", a.out.display());
+            Ok(())
+        }
+        .await;
+        engine.shutdown().await;
+        r
+    })
 }

@@ -1,7 +1,7 @@
-//! `ft-actor info`: what a model is and how it would be placed in memory.
+//! `ft-actor info`: what a model is, how it is placed in memory and how misses are split.
 
-use super::ModelArgs;
-use crate::model::info::stats;
+use super::{runtime, ModelArgs};
+use crate::policy::{format_bytes, q_star};
 use anyhow::Result;
 use clap::Args;
 
@@ -15,14 +15,6 @@ pub struct InfoArgs {
     json: bool,
 }
 
-fn gib(b: u64) -> String {
-    if b >= 1 << 30 {
-        format!("{:.2} GiB", b as f64 / (1u64 << 30) as f64)
-    } else {
-        format!("{:.2} MiB", b as f64 / (1u64 << 20) as f64)
-    }
-}
-
 fn count(n: u64) -> String {
     match n {
         n if n >= 1_000_000_000 => format!("{:.2} B", n as f64 / 1e9),
@@ -33,20 +25,18 @@ fn count(n: u64) -> String {
 
 /// `info`.
 pub fn run(a: InfoArgs) -> Result<()> {
-    let model = a.model.load()?;
-    let cfg = model.config();
-    let st = stats(&model);
-    let be = model.backend();
-    let mem = be.memory_info()?;
-    let context = a.model.context(&model);
-    let kv_reserve = st.kv_bytes_per_token * context as u64;
-    // Device memory left after non-expert weights and one full-context KV reserve is what
-    // the expert cache may use.
-    let cache_bytes = mem.free.saturating_sub(st.non_expert_bytes + kv_reserve);
-    let slots = (cache_bytes / st.bytes_per_expert.max(1)).min(st.total_experts);
+    let info = runtime()?.block_on(async {
+        let engine = a.model.start().await?;
+        let info = engine.info().clone();
+        engine.shutdown().await;
+        anyhow::Ok(info)
+    })?;
+    let (cfg, st, mem) = (&info.config, &info.stats, &info.memory);
+    let m = cfg.top_k;
+    let q = q_star(m, info.b_p, info.b_h);
     if a.json {
         let v = serde_json::json!({
-            "model_dir": model.dir(),
+            "model_dir": info.model_dir,
             "architecture": cfg.arch.model_type(),
             "layers": cfg.num_layers,
             "moe_layers": cfg.num_moe_layers(),
@@ -54,31 +44,46 @@ pub fn run(a: InfoArgs) -> Result<()> {
             "heads": cfg.num_heads, "kv_heads": cfg.num_kv_heads, "head_dim": cfg.head_dim,
             "experts": cfg.num_experts, "experts_per_token": cfg.top_k,
             "vocab_size": cfg.vocab_size,
-            "context": context,
+            "context": info.context,
             "total_params": st.total_params, "active_params": st.active_params,
             "bytes_per_expert": st.bytes_per_expert,
             "non_expert_bytes": st.non_expert_bytes, "expert_bytes": st.expert_bytes,
             "bytes_per_token": st.bytes_per_token,
             "kv_bytes_per_token": st.kv_bytes_per_token,
-            "backend": be.kind().to_string(), "device": be.device_name(),
-            "device_free_bytes": mem.free, "device_total_bytes": mem.total,
-            "expert_cache_slots": slots,
+            "backend": info.backend,
+            "b_p": info.b_p, "b_h": info.b_h, "bandwidth_source": info.bandwidth_source,
+            "moe_mode": info.moe_mode, "q_star_for_top_k_misses": q,
+            "memory_plan": mem,
         });
         println!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(());
     }
-    println!("model            {}", model.dir().display());
+    println!("model            {}", info.model_dir.display());
     println!("architecture     {} ({} layers, {} MoE)", cfg.arch.model_type(), cfg.num_layers, cfg.num_moe_layers());
     println!("hidden           {}  heads {} / kv {} × {}", cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim);
     println!("experts          {} per layer, {} per token ({} in all)", cfg.num_experts, cfg.top_k, st.total_experts);
     println!("parameters       {} total, {} active per token", count(st.total_params), count(st.active_params));
-    println!("bytes per expert {}", gib(st.bytes_per_expert));
-    println!("weights          {} non-expert (device), {} experts (host pool)", gib(st.non_expert_bytes), gib(st.expert_bytes));
-    println!("read per token   {} (decode, batch 1)", gib(st.bytes_per_token));
-    println!("KV cache         {} per token, {} for a {context}-token context", gib(st.kv_bytes_per_token), gib(kv_reserve));
-    println!("backend          {} — {}", be.kind(), be.device_name());
-    println!("device memory    {} free of {}", gib(mem.free), gib(mem.total));
-    println!("memory plan      non-expert {} + KV {} on the device; {} expert slots fit in the rest ({} of {} experts)",
-        gib(st.non_expert_bytes), gib(kv_reserve), slots, slots, st.total_experts);
+    println!("bytes per expert {}", format_bytes(st.bytes_per_expert));
+    println!("weights          {} non-expert (device), {} experts (host pool)", format_bytes(st.non_expert_bytes), format_bytes(st.expert_bytes));
+    println!("read per token   {} (decode, batch 1)", format_bytes(st.bytes_per_token));
+    println!("KV cache         {} per token; context {}", format_bytes(st.kv_bytes_per_token), info.context);
+    println!("backend          {}", info.backend);
+    println!("bandwidths       B_P {:.2} GB/s host→device, B_H {:.2} GB/s CPU experts ({})", info.b_p / 1e9, info.b_h / 1e9, info.bandwidth_source);
+    println!("miss split       {}; q* = {:.2} of {m} misses fetched", info.moe_mode, q);
+    println!(
+        "memory plan      budget {}: non-expert {}, KV {}, scratch {}, {} expert cache slots ({} of {} experts, {}), layer buffers {}",
+        format_bytes(mem.budget_bytes),
+        format_bytes(mem.non_expert_bytes),
+        format_bytes(mem.kv_bytes),
+        format_bytes(mem.scratch_bytes),
+        mem.cache_slots,
+        mem.cache_slots,
+        mem.total_experts,
+        format_bytes(mem.cache_bytes),
+        format_bytes(mem.stream_buffers_bytes)
+    );
+    for w in &mem.warnings {
+        println!("warning          {w}");
+    }
     Ok(())
 }

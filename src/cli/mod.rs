@@ -5,13 +5,13 @@ mod generate;
 mod info;
 mod synth;
 
-use crate::device::{create_backend, BackendChoice, DeviceOptions};
-use crate::model::Model;
-use anyhow::{Context, Result};
+use crate::device::BackendChoice;
+use crate::engine::{Engine, EngineConfig, EngineHandle, PrefillMode};
+use crate::policy::{MoeMode, VramBudget};
+use anyhow::Result;
 use clap::{Args, Parser, Subcommand};
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::Arc;
 
 /// ft-actor: run Mixture-of-Experts language models on your own machine.
 #[derive(Parser, Debug)]
@@ -44,52 +44,72 @@ pub struct ModelArgs {
     /// Backend: auto, cpu, cuda or wgpu.
     #[arg(long, default_value = "auto", env = "FT_BACKEND")]
     pub backend: BackendChoice,
-    /// CPU worker threads (default: all cores).
+    /// CPU threads of the backend and of the CPU expert executors (default: all cores).
     #[arg(long, env = "FT_CPU_THREADS")]
     pub cpu_threads: Option<usize>,
     /// Context length in tokens (default: the model's max_position_embeddings).
     #[arg(long)]
     pub ctx_size: Option<usize>,
+    /// Device memory to use: `auto` (free memory minus a margin) or a size such as `12GiB`.
+    #[arg(long, default_value = "auto", env = "FT_VRAM_BUDGET")]
+    pub vram_budget: VramBudget,
+    /// Expert cache slots, overriding the number derived from the budget.
+    #[arg(long, env = "FT_EXPERT_CACHE_SLOTS")]
+    pub expert_cache_slots: Option<u64>,
+    /// Where expert cache misses run: auto, offload (fetch all), cpu, hybrid (split).
+    #[arg(long, default_value = "auto", env = "FT_MOE_MODE")]
+    pub moe_mode: MoeMode,
+    /// Prefill path: auto (planner), decode, stream (double-buffered layers).
+    #[arg(long, default_value = "auto")]
+    pub prefill: PrefillMode,
 }
 
 impl ModelArgs {
-    /// The model folder to use.
-    pub fn model_dir(&self) -> Result<PathBuf> {
-        match &self.model {
-            Some(p) => Ok(p.clone()),
-            None => crate::demo::demo_model_dir().context("cannot write the built-in demo model to the cache folder"),
+    /// The engine configuration these flags describe.
+    pub fn engine_config(&self) -> EngineConfig {
+        EngineConfig {
+            model: self.model.clone(),
+            backend: self.backend,
+            cpu_threads: self.cpu_threads,
+            vram_budget: self.vram_budget,
+            expert_cache_slots: self.expert_cache_slots,
+            moe_mode: self.moe_mode,
+            prefill: self.prefill,
+            ctx_size: self.ctx_size,
+            ..Default::default()
         }
     }
 
-    /// Creates the backend and loads the model, with a progress bar on a terminal.
-    pub fn load(&self) -> Result<Model> {
-        let dir = self.model_dir()?;
-        let backend = create_backend(&DeviceOptions { backend: self.backend, cpu_threads: self.cpu_threads })
-            .with_context(|| format!("cannot use --backend {:?}", self.backend))?;
-        load_model(&dir, backend)
-    }
-
-    /// Context length for `model`.
-    pub fn context(&self, model: &Model) -> usize {
-        self.ctx_size.unwrap_or(model.config().max_position_embeddings)
+    /// Starts the engine (loading shows a progress bar on a terminal).
+    pub async fn start(&self) -> Result<EngineHandle> {
+        start_engine(self.engine_config()).await
     }
 }
 
-/// Loads `dir` showing per-tensor progress on a terminal.
-pub fn load_model(dir: &std::path::Path, backend: Arc<dyn ft_backend::Backend>) -> Result<Model> {
+/// Starts an engine with a loading progress bar on a terminal.
+pub async fn start_engine(config: EngineConfig) -> Result<EngineHandle> {
     let bar = indicatif::ProgressBar::new(0);
     bar.set_style(
-        indicatif::ProgressStyle::with_template("loading {msg} [{bar:30}] {pos}/{len} tensors")
+        indicatif::ProgressStyle::with_template("loading [{bar:30}] {pos}/{len} tensors")
             .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
     );
-    bar.set_message(dir.display().to_string());
-    let model = Model::load(dir, backend, &mut |done, total| {
-        bar.set_length(total as u64);
-        bar.set_position(done as u64);
-    })
-    .with_context(|| format!("cannot load the model in {}", dir.display()))?;
+    let progress_bar = bar.clone();
+    let handle = Engine::spawn_with_progress(
+        config,
+        None,
+        Box::new(move |done, total| {
+            progress_bar.set_length(total as u64);
+            progress_bar.set_position(done as u64);
+        }),
+    )
+    .await;
     bar.finish_and_clear();
-    Ok(model)
+    Ok(handle?)
+}
+
+/// A tokio runtime for a command.
+pub fn runtime() -> Result<tokio::runtime::Runtime> {
+    Ok(tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?)
 }
 
 fn init_logging() {

@@ -1,0 +1,283 @@
+//! The device stream: owns the model's device weights and every sequence's state, and runs
+//! forward steps on a dedicated worker thread (the actor itself only forwards messages, so
+//! its async handler never computes).
+
+use super::cache::CacheMsg;
+use super::pipeline::{PipelineExperts, PipelineLinks, RunStats, StreamingExperts};
+use super::blocking_reply;
+use crate::engine::{LayerStats, PrefillMode};
+use crate::kv::SequenceState;
+use crate::model::{Logits, Model};
+use crate::policy::{plan_prefill, CacheStats, PrefillInputs, PrefillPath, Residency, ResolvedMode};
+use crate::sampling::{Sampler, SamplingParams};
+use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
+use std::collections::HashMap;
+use std::sync::mpsc;
+use std::sync::Arc;
+use std::time::Instant;
+
+/// How a sequence starts.
+#[derive(Clone, Debug)]
+pub struct SeqSpec {
+    /// Tokens of state to allocate.
+    pub capacity: usize,
+    /// Sampling.
+    pub sampling: SamplingParams,
+    /// Return each step's logits.
+    pub return_logits: bool,
+}
+
+/// The result of one step.
+#[derive(Clone, Debug)]
+pub struct StepOutput {
+    /// The sampled token.
+    pub token: u32,
+    /// The logits it was sampled from, if asked for.
+    pub logits: Option<Vec<f32>>,
+}
+
+/// Device-side counters.
+#[derive(Clone, Debug, Default)]
+pub struct DeviceStats {
+    /// Per MoE layer.
+    pub layers: Vec<(usize, LayerStats)>,
+    /// Sum.
+    pub total: LayerStats,
+    /// Cache counters.
+    pub cache: CacheStats,
+    /// Capacity.
+    pub cache_slots: u64,
+    /// Occupancy.
+    pub cache_used: u64,
+    /// Forward steps.
+    pub steps: u64,
+    /// One-token steps.
+    pub decode_steps: u64,
+    /// Wall seconds of one-token steps.
+    pub decode_s: f64,
+    /// Messaging seconds during one-token steps.
+    pub actor_overhead_s: f64,
+}
+
+/// Messages of the device stream.
+pub enum DeviceMsg {
+    /// Run a step of `seq`: the prompt (first step, with `spec`) or the last sampled token
+    /// (`tokens` empty); sample the next token.
+    Step { seq: u64, spec: Option<SeqSpec>, tokens: Vec<u32>, reply: RpcReplyPort<Result<StepOutput, String>> },
+    /// Full-sequence logits of a prompt on a scratch sequence.
+    FullLogits { prompt: Vec<u32>, reply: RpcReplyPort<Result<Vec<f32>, String>> },
+    /// Free a sequence's state.
+    DropSeq { seq: u64 },
+    /// Change the expert cache capacity (the driver sends it between steps).
+    Resize { slots: u64, reply: RpcReplyPort<Result<u64, String>> },
+    /// Counters.
+    Stats { reply: RpcReplyPort<DeviceStats> },
+    /// Reset counters.
+    ResetStats,
+}
+
+/// What the device stream needs.
+pub struct DeviceArgs {
+    /// The loaded model.
+    pub model: Arc<Model>,
+    /// Links to the other actors.
+    pub links: PipelineLinks,
+    /// The cache manager (for resizes and stats).
+    pub cache: ActorRef<CacheMsg>,
+    /// Miss policy (to choose the prefill path).
+    pub mode: ResolvedMode,
+    /// Prefill choice.
+    pub prefill: PrefillMode,
+    /// Bandwidths for the planner: (b_p, b_h).
+    pub bandwidths: (f64, f64),
+    /// Whether layer buffers fit the memory plan.
+    pub streaming_available: bool,
+}
+
+/// The device stream actor.
+pub struct DeviceStream;
+
+/// The actor's state: the channel to its worker.
+pub struct DeviceState {
+    jobs: mpsc::Sender<DeviceMsg>,
+}
+
+struct Seq {
+    state: SequenceState,
+    sampler: Sampler,
+    history: Vec<u32>,
+    return_logits: bool,
+}
+
+struct Worker {
+    args: DeviceArgs,
+    seqs: HashMap<u64, Seq>,
+    run: RunStats,
+    dev: DeviceStats,
+    moe_layers: Vec<usize>,
+}
+
+impl Worker {
+    fn use_streaming(&self, tokens: usize) -> bool {
+        if tokens <= 1 || !self.args.streaming_available || self.moe_layers.is_empty() {
+            return false;
+        }
+        match self.args.prefill {
+            PrefillMode::Decode => false,
+            PrefillMode::Stream => true,
+            PrefillMode::Auto => {
+                let cfg = self.args.model.config();
+                let shape = self.args.links.pool.shape();
+                let (b_p, b_h) = self.args.bandwidths;
+                let flops = 6.0 * (shape.inter * shape.hidden) as f64;
+                let inputs = PrefillInputs {
+                    tokens,
+                    experts: cfg.num_experts,
+                    top_k: cfg.top_k,
+                    moe_layers: self.moe_layers.len(),
+                    residency: Residency::CachedExperts(self.args.links.pool.len() / self.moe_layers.len()),
+                    expert_bytes: shape.bytes(),
+                    b_p,
+                    b_h,
+                    expert_flops_per_token: flops,
+                    // Expert matmuls stream weights once per batch; without a measured FLOP
+                    // rate, assume both sides run at the rate they stream weights.
+                    device_flops: b_p.max(b_h) * 2.0,
+                    cpu_flops: b_h * 2.0,
+                    non_expert_s_per_token: 0.0,
+                    transfer_latency_s: 20e-6,
+                    cpu_job_latency_s: 20e-6,
+                    mode: self.args.mode,
+                    streaming_available: true,
+                };
+                plan_prefill(&inputs).path == PrefillPath::LayerStreaming
+            }
+        }
+    }
+
+    fn forward(&mut self, seq: u64, tokens: &[u32], logits: Logits) -> Result<Vec<f32>, String> {
+        let streaming = self.use_streaming(tokens.len());
+        let model = self.args.model.clone();
+        let s = self.seqs.get_mut(&seq).ok_or("unknown sequence")?;
+        let first_moe_layer = self.moe_layers.first().copied().unwrap_or(0);
+        let r = if streaming {
+            let mut runner = StreamingExperts::new(&self.args.links, &mut self.run, self.moe_layers.clone());
+            model.forward_with(&mut s.state, tokens, logits, None, &mut runner)
+        } else {
+            let mut runner = PipelineExperts { links: &self.args.links, stats: &mut self.run, first_moe_layer };
+            model.forward_with(&mut s.state, tokens, logits, None, &mut runner)
+        };
+        r.map_err(|e| e.to_string())
+    }
+
+    fn step(&mut self, seq: u64, spec: Option<SeqSpec>, tokens: Vec<u32>) -> Result<StepOutput, String> {
+        if let Some(spec) = spec {
+            let state = SequenceState::new(&self.args.model, spec.capacity).map_err(|e| e.to_string())?;
+            let sampler = Sampler::new(spec.sampling).map_err(|e| e.to_string())?;
+            self.seqs.insert(seq, Seq { state, sampler, history: vec![], return_logits: spec.return_logits });
+        }
+        let s = self.seqs.get_mut(&seq).ok_or("unknown sequence")?;
+        let tokens = if tokens.is_empty() {
+            vec![*s.history.last().ok_or("no token to continue from")?]
+        } else {
+            s.history.extend(&tokens);
+            tokens
+        };
+        let start = Instant::now();
+        let messaging_before = self.run.messaging_s;
+        let logits = self.forward(seq, &tokens, Logits::Last)?;
+        self.dev.steps += 1;
+        if tokens.len() == 1 {
+            self.dev.decode_steps += 1;
+            self.dev.decode_s += start.elapsed().as_secs_f64();
+            self.dev.actor_overhead_s += self.run.messaging_s - messaging_before;
+        }
+        let s = self.seqs.get_mut(&seq).ok_or("unknown sequence")?;
+        let token = s.sampler.sample(&logits, &s.history);
+        s.history.push(token);
+        Ok(StepOutput { token, logits: s.return_logits.then_some(logits) })
+    }
+
+    fn resize(&mut self, slots: u64) -> Result<u64, String> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.args.cache.cast(CacheMsg::Resize { slots, reply: tx.into() }).map_err(|e| e.to_string())?;
+        blocking_reply(rx, "cache manager")??;
+        self.args.links.pool.resize(slots as usize).map_err(|e| e.to_string())?;
+        Ok(slots)
+    }
+
+    fn stats(&mut self) -> DeviceStats {
+        let mut d = self.dev.clone();
+        let mut layers: Vec<(usize, LayerStats)> = self.run.layers.iter().map(|(l, s)| (*l, s.clone())).collect();
+        layers.sort_by_key(|(l, _)| *l);
+        d.total = LayerStats::default();
+        for (_, s) in &layers {
+            d.total.add(s);
+        }
+        d.layers = layers;
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        if self.args.cache.cast(CacheMsg::Stats { reply: tx.into() }).is_ok() {
+            if let Ok((c, cap, used)) = blocking_reply(rx, "cache manager") {
+                d.cache = c;
+                d.cache_slots = cap;
+                d.cache_used = used;
+            }
+        }
+        d
+    }
+
+    fn run(mut self, jobs: mpsc::Receiver<DeviceMsg>) {
+        while let Ok(msg) = jobs.recv() {
+            match msg {
+                DeviceMsg::Step { seq, spec, tokens, reply } => {
+                    let _ = reply.send(self.step(seq, spec, tokens));
+                }
+                DeviceMsg::FullLogits { prompt, reply } => {
+                    let r = (|| {
+                        const SCRATCH: u64 = u64::MAX;
+                        let state = SequenceState::new(&self.args.model, prompt.len()).map_err(|e| e.to_string())?;
+                        let sampler = Sampler::new(SamplingParams::greedy()).map_err(|e| e.to_string())?;
+                        self.seqs.insert(SCRATCH, Seq { state, sampler, history: vec![], return_logits: false });
+                        let r = self.forward(SCRATCH, &prompt, Logits::All);
+                        self.seqs.remove(&SCRATCH);
+                        r
+                    })();
+                    let _ = reply.send(r);
+                }
+                DeviceMsg::DropSeq { seq } => {
+                    self.seqs.remove(&seq);
+                }
+                DeviceMsg::Resize { slots, reply } => {
+                    let _ = reply.send(self.resize(slots));
+                }
+                DeviceMsg::Stats { reply } => {
+                    let _ = reply.send(self.stats());
+                }
+                DeviceMsg::ResetStats => {
+                    self.run = RunStats::default();
+                    self.dev = DeviceStats::default();
+                    let _ = self.args.cache.cast(CacheMsg::ResetStats);
+                }
+            }
+        }
+    }
+}
+
+impl Actor for DeviceStream {
+    type Msg = DeviceMsg;
+    type State = DeviceState;
+    type Arguments = DeviceArgs;
+
+    async fn pre_start(&self, _me: ActorRef<DeviceMsg>, args: DeviceArgs) -> Result<DeviceState, ActorProcessingErr> {
+        let moe_layers = (0..args.model.config().num_layers).filter(|l| args.model.config().moe_layers[*l]).collect();
+        let worker = Worker { args, seqs: HashMap::new(), run: RunStats::default(), dev: DeviceStats::default(), moe_layers };
+        let (tx, rx) = mpsc::channel();
+        std::thread::Builder::new().name("ft-device-stream".into()).spawn(move || worker.run(rx))?;
+        Ok(DeviceState { jobs: tx })
+    }
+
+    async fn handle(&self, _me: ActorRef<DeviceMsg>, msg: DeviceMsg, st: &mut DeviceState) -> Result<(), ActorProcessingErr> {
+        st.jobs.send(msg).map_err(|_| "device stream worker stopped")?;
+        Ok(())
+    }
+}

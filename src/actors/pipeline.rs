@@ -1,0 +1,231 @@
+//! The expert runners of the actor pipeline, called by the device stream's worker thread
+//! inside the model's layer loop ([`ExpertRunner`]).
+//!
+//! Decode path, per MoE layer: ask the router for a plan (hits / fetches / CPU), send the CPU
+//! jobs and the fetches off first, compute the hits on the device while they run, then the
+//! fetched experts as their copies land, then add the CPU partial outputs. Every routed
+//! expert is computed exactly once, so the sum is the same as the reference pass.
+//! Streaming path (prefill): the whole next MoE layer is copied into the other layer buffer
+//! while this one computes.
+
+use super::cpu::{CpuDone, CpuMsg};
+use super::router::{LayerPlan, RouterMsg};
+use super::slots::SlotPool;
+use super::transfer::{Copied, TransferMsg};
+use super::blocking_reply;
+use crate::engine::LayerStats;
+use crate::model::forward::{download_f32, expert_forward, ExpertBuffers, ExpertRunner};
+use crate::model::routing::Routing;
+use crate::model::{Model, ModelError};
+use crate::policy::ExpertKey;
+use ft_backend::{Backend, BufferUsage, DType, DeviceBuffer, StreamId};
+use ractor::ActorRef;
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Instant;
+use tokio::sync::oneshot;
+
+/// Handles to the actors a runner talks to.
+#[derive(Clone)]
+pub struct PipelineLinks {
+    /// The router.
+    pub router: ActorRef<RouterMsg>,
+    /// The transfer engine.
+    pub transfer: ActorRef<TransferMsg>,
+    /// The CPU executors.
+    pub cpu: ActorRef<CpuMsg>,
+    /// Expert device memory.
+    pub pool: Arc<SlotPool>,
+}
+
+/// Counters the runners accumulate for the device stream.
+#[derive(Default)]
+pub struct RunStats {
+    /// Per MoE layer.
+    pub layers: HashMap<usize, LayerStats>,
+    /// Seconds spent in actor messaging (plan round trips, job delivery).
+    pub messaging_s: f64,
+}
+
+fn err(e: impl std::fmt::Display) -> ModelError {
+    ModelError::Invalid(format!("expert pipeline: {e}"))
+}
+
+fn scratch(be: &dyn Backend, len: usize) -> Result<DeviceBuffer, ModelError> {
+    Ok(be.alloc(DType::F32, len, BufferUsage::Scratch)?)
+}
+
+/// Gathers the rows of `h` for one expert on the device and adds its weighted output.
+fn device_expert(
+    be: &dyn Backend,
+    w: &ExpertBuffers,
+    h: &DeviceBuffer,
+    rows: &[u32],
+    weights: &[f32],
+    out: &mut DeviceBuffer,
+    inter: usize,
+    hidden: usize,
+) -> Result<(), ModelError> {
+    let mut xs = scratch(be, rows.len() * hidden)?;
+    be.gather_rows(h, rows, hidden, &mut xs)?;
+    let y = expert_forward(be, w, &xs, rows.len(), inter, hidden)?;
+    be.scatter_add_rows(out, &y, rows, weights, hidden)?;
+    Ok(())
+}
+
+/// The decode-path runner: cache hits on the device, misses fetched or sent to the CPU.
+pub struct PipelineExperts<'a> {
+    /// Actor handles.
+    pub links: &'a PipelineLinks,
+    /// Counters.
+    pub stats: &'a mut RunStats,
+    /// The first MoE layer (marks a new step for the router's usage counts).
+    pub first_moe_layer: usize,
+}
+
+impl ExpertRunner for PipelineExperts<'_> {
+    fn run_experts(&mut self, model: &Model, layer: usize, h: &DeviceBuffer, routing: &Routing, out: &mut DeviceBuffer) -> Result<(), ModelError> {
+        let be = model.backend();
+        let (hidden, inter) = (model.config().hidden_size, model.config().moe_intermediate_size);
+        let groups = routing.by_expert();
+        let by_id: HashMap<u32, usize> = groups.iter().enumerate().map(|(i, g)| (g.0, i)).collect();
+        let t0 = Instant::now();
+        let (tx, rx) = oneshot::channel();
+        let experts = groups.iter().map(|(e, rows, _)| (*e, rows.len())).collect();
+        self.links
+            .router
+            .cast(RouterMsg::Plan { layer: layer as u16, experts, new_step: layer == self.first_moe_layer, reply: tx.into() })
+            .map_err(err)?;
+        let plan: LayerPlan = blocking_reply(rx, "router").map_err(err)?;
+        self.stats.messaging_s += t0.elapsed().as_secs_f64();
+        let mut st = LayerStats { hits: plan.hits.len() as u64, misses: (plan.fetch.len() + plan.cpu.len()) as u64, ..Default::default() };
+
+        // CPU jobs first: they run concurrently with everything the device does below.
+        let mut cpu_jobs = vec![];
+        if !plan.cpu.is_empty() {
+            let h_host = download_f32(be, h, routing.n_tokens() * hidden)?;
+            for &e in &plan.cpu {
+                let (_, rows, _) = &groups[by_id[&e]];
+                let xs: Vec<f32> = rows.iter().flat_map(|&r| h_host[r as usize * hidden..][..hidden].iter().copied()).collect();
+                let (tx, rx) = oneshot::channel();
+                let key = ExpertKey::new(layer as u16, e);
+                self.links.cpu.cast(CpuMsg::Run { key, xs, n: rows.len(), sent: Instant::now(), reply: tx.into() }).map_err(err)?;
+                cpu_jobs.push((e, rx));
+            }
+        }
+        let mut fetches = vec![];
+        for (e, lease) in &plan.fetch {
+            let (tx, rx) = oneshot::channel();
+            let key = ExpertKey::new(layer as u16, *e);
+            self.links
+                .transfer
+                .cast(TransferMsg::Fetch { key, slot: lease.slot(), sent: Instant::now(), reply: tx.into() })
+                .map_err(err)?;
+            fetches.push((*e, lease.slot(), rx));
+        }
+        let t_dev = Instant::now();
+        for (e, lease) in &plan.hits {
+            let (_, rows, weights) = &groups[by_id[e]];
+            let slot = self.links.pool.slot(lease.slot()).ok_or_else(|| err("leased slot missing"))?;
+            let bufs = slot.lock().map_err(|_| err("slot lock poisoned"))?;
+            device_expert(be, &bufs, h, rows, weights, out, inter, hidden)?;
+        }
+        st.device_s += t_dev.elapsed().as_secs_f64();
+        for (e, slot_id, rx) in fetches {
+            let t_wait = Instant::now();
+            let copied: Copied = blocking_reply(rx, "transfer engine").map_err(err)?.map_err(err)?;
+            st.fetch_wait_s += t_wait.elapsed().as_secs_f64();
+            self.stats.messaging_s += copied.queued_s;
+            st.fetched += 1;
+            st.bytes_moved += copied.bytes;
+            let t_dev = Instant::now();
+            let (_, rows, weights) = &groups[by_id[&e]];
+            let slot = self.links.pool.slot(slot_id).ok_or_else(|| err("fetched slot missing"))?;
+            let bufs = slot.lock().map_err(|_| err("slot lock poisoned"))?;
+            device_expert(be, &bufs, h, rows, weights, out, inter, hidden)?;
+            st.device_s += t_dev.elapsed().as_secs_f64();
+        }
+        for (e, rx) in cpu_jobs {
+            let done: CpuDone = blocking_reply(rx, "CPU executors").map_err(err)?.map_err(err)?;
+            self.stats.messaging_s += done.queued_s;
+            st.cpu_s += done.secs;
+            st.cpu_computed += 1;
+            let (_, rows, weights) = &groups[by_id[&e]];
+            let mut y = scratch(be, rows.len() * hidden)?;
+            be.upload(StreamId::COMPUTE, bytemuck::cast_slice(&done.y), &mut y, 0)?;
+            be.scatter_add_rows(out, &y, rows, weights, hidden)?;
+        }
+        drop(plan);
+        self.stats.layers.entry(layer).or_default().add(&st);
+        Ok(())
+    }
+}
+
+/// The streaming-prefill runner: each MoE layer's experts arrive whole in a layer buffer,
+/// the next layer's copy overlapping this layer's compute.
+pub struct StreamingExperts<'a> {
+    /// Actor handles.
+    pub links: &'a PipelineLinks,
+    /// Counters.
+    pub stats: &'a mut RunStats,
+    /// MoE layer indices in order.
+    pub moe_layers: Vec<usize>,
+    pending: Option<(usize, usize, oneshot::Receiver<Result<Copied, String>>)>,
+}
+
+impl<'a> StreamingExperts<'a> {
+    /// A runner over the MoE layers `moe_layers`.
+    pub fn new(links: &'a PipelineLinks, stats: &'a mut RunStats, moe_layers: Vec<usize>) -> Self {
+        Self { links, stats, moe_layers, pending: None }
+    }
+
+    fn load(&mut self, layer: usize, buffer: usize) -> Result<(usize, usize, oneshot::Receiver<Result<Copied, String>>), ModelError> {
+        let (tx, rx) = oneshot::channel();
+        self.links.transfer.cast(TransferMsg::LoadLayer { layer, buffer, sent: Instant::now(), reply: tx.into() }).map_err(err)?;
+        Ok((layer, buffer, rx))
+    }
+}
+
+impl ExpertRunner for StreamingExperts<'_> {
+    fn run_experts(&mut self, model: &Model, layer: usize, h: &DeviceBuffer, routing: &Routing, out: &mut DeviceBuffer) -> Result<(), ModelError> {
+        let be = model.backend();
+        let (hidden, inter) = (model.config().hidden_size, model.config().moe_intermediate_size);
+        let idx = self.moe_layers.iter().position(|l| *l == layer).ok_or_else(|| err("not a MoE layer"))?;
+        let buffer = idx % 2;
+        let job = match self.pending.take() {
+            Some(p) if p.0 == layer => p,
+            _ => self.load(layer, buffer)?,
+        };
+        let mut st = LayerStats::default();
+        let t_wait = Instant::now();
+        let copied = blocking_reply(job.2, "transfer engine").map_err(err)?.map_err(err)?;
+        st.fetch_wait_s += t_wait.elapsed().as_secs_f64();
+        st.bytes_moved += copied.bytes;
+        self.stats.messaging_s += copied.queued_s;
+        // Start the next layer's copy into the other buffer before computing this one.
+        if let Some(&next) = self.moe_layers.get(idx + 1) {
+            self.pending = Some(self.load(next, 1 - buffer)?);
+        }
+        let t_dev = Instant::now();
+        let buf = self.links.pool.layers[buffer].lock().map_err(|_| err("layer buffer lock poisoned"))?;
+        if buf.layer != Some(layer) {
+            return Err(err(format!("layer buffer {buffer} holds {:?}, expected {layer}", buf.layer)));
+        }
+        for (e, rows, weights) in routing.by_expert() {
+            device_expert(be, &buf.experts[e as usize], h, &rows, &weights, out, inter, hidden)?;
+            st.streamed += 1;
+        }
+        st.device_s += t_dev.elapsed().as_secs_f64();
+        self.stats.layers.entry(layer).or_default().add(&st);
+        Ok(())
+    }
+}
+
+impl Drop for StreamingExperts<'_> {
+    fn drop(&mut self) {
+        // A copy still in flight must finish before its buffer is reused by the next prompt.
+        if let Some((_, _, rx)) = self.pending.take() {
+            let _ = rx.blocking_recv();
+        }
+    }
+}

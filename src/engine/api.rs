@@ -1,0 +1,298 @@
+//! The types an application exchanges with the engine (requests, events, stats, errors).
+
+use crate::policy::{CacheStats, MoeMode, VramBudget};
+use crate::sampling::SamplingParams;
+use crate::device::BackendChoice;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// How to start an engine. Every field has a default; `model` defaults to the demo model.
+#[derive(Clone, Debug)]
+pub struct EngineConfig {
+    /// Checkpoint folder (`None`: the built-in demo model).
+    pub model: Option<PathBuf>,
+    /// Backend to run on.
+    pub backend: BackendChoice,
+    /// Threads of the CPU backend and of the CPU expert executors.
+    pub cpu_threads: Option<usize>,
+    /// Device memory the engine may use (`auto`: what is free, minus a margin).
+    pub vram_budget: VramBudget,
+    /// Number of expert cache slots, overriding the budget-derived number.
+    pub expert_cache_slots: Option<u64>,
+    /// Where expert cache misses are computed.
+    pub moe_mode: MoeMode,
+    /// How prompts are prefilled.
+    pub prefill: PrefillMode,
+    /// Context length per sequence (default: the model's maximum).
+    pub ctx_size: Option<usize>,
+    /// Sequences in flight at once; more wait in the queue.
+    pub max_active: usize,
+    /// Requests waiting beyond the active ones before new ones are refused.
+    pub max_queue: usize,
+    /// Host→device bandwidth (bytes/s), overriding measurement and profile.
+    pub b_p: Option<f64>,
+    /// CPU expert streaming rate (bytes/s), overriding measurement and profile.
+    pub b_h: Option<f64>,
+    /// Where bandwidth profiles are kept (`None`: the user cache folder; profiles off if none).
+    pub cache_dir: Option<PathBuf>,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        Self {
+            model: None,
+            backend: BackendChoice::Auto,
+            cpu_threads: None,
+            vram_budget: VramBudget::Auto,
+            expert_cache_slots: None,
+            moe_mode: MoeMode::Auto,
+            prefill: PrefillMode::Auto,
+            ctx_size: None,
+            max_active: 4,
+            max_queue: 64,
+            b_p: None,
+            b_h: None,
+            cache_dir: None,
+        }
+    }
+}
+
+/// How prompts are prefilled.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum PrefillMode {
+    /// The planner chooses per prompt by estimated cost.
+    #[default]
+    Auto,
+    /// Always the decode path (cache + miss split).
+    Decode,
+    /// Always whole-layer streaming with double buffering.
+    Stream,
+}
+
+impl std::str::FromStr for PrefillMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "auto" => Ok(Self::Auto),
+            "decode" => Ok(Self::Decode),
+            "stream" => Ok(Self::Stream),
+            o => Err(format!("unknown prefill mode `{o}` (auto, decode, stream)")),
+        }
+    }
+}
+
+/// One generation request.
+#[derive(Clone, Debug)]
+pub struct EngineRequest {
+    /// Prompt token ids.
+    pub prompt: Vec<u32>,
+    /// Most new tokens (capped by the context).
+    pub max_tokens: usize,
+    /// Sampling parameters.
+    pub sampling: SamplingParams,
+    /// Extra stop strings.
+    pub stop: Vec<String>,
+    /// Extra ids that end generation (the model's own eos ids always do unless `ignore_eos`).
+    pub stop_ids: Vec<u32>,
+    /// Do not stop at the model's end-of-sequence ids.
+    pub ignore_eos: bool,
+    /// Send each step's logits with its token (tests and tools; costs a copy per token).
+    pub return_logits: bool,
+}
+
+impl EngineRequest {
+    /// Greedy generation of `max_tokens` after `prompt`.
+    pub fn greedy(prompt: Vec<u32>, max_tokens: usize) -> Self {
+        Self {
+            prompt,
+            max_tokens,
+            sampling: SamplingParams::greedy(),
+            stop: vec![],
+            stop_ids: vec![],
+            ignore_eos: false,
+            return_logits: false,
+        }
+    }
+}
+
+/// Why a generation ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FinishReason {
+    /// An end-of-sequence id.
+    Eos,
+    /// A stop string.
+    StopString,
+    /// `max_tokens` or the context was reached.
+    Length,
+}
+
+/// What a generation stream yields.
+#[derive(Clone, Debug)]
+pub enum GenEvent {
+    /// A new token and the text it completed (may be empty while a character is incomplete).
+    Token {
+        /// Token id.
+        id: u32,
+        /// Newly completed text (stop strings and eos are never included).
+        text: String,
+        /// The logits the token was sampled from, if requested.
+        logits: Option<Vec<f32>>,
+    },
+    /// The generation ended.
+    Done(Completion),
+    /// The generation failed; nothing follows.
+    Error(String),
+}
+
+/// Summary of a finished generation.
+#[derive(Clone, Debug)]
+pub struct Completion {
+    /// Why it ended.
+    pub finish: FinishReason,
+    /// Prompt tokens.
+    pub prompt_tokens: usize,
+    /// Prompt tokens whose state was reused instead of prefilled.
+    pub cached_tokens: usize,
+    /// Tokens generated.
+    pub completion_tokens: usize,
+    /// Time from submission to the first token.
+    pub time_to_first_token: Duration,
+    /// Total time.
+    pub total_time: Duration,
+}
+
+/// Why the engine refused or failed a call.
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    /// The request is invalid (empty prompt, bad sampling, too long).
+    #[error("{0}")]
+    InvalidRequest(String),
+    /// The prompt does not fit the context.
+    #[error("prompt has {prompt} tokens but the context holds {context}")]
+    PromptTooLong { prompt: usize, context: usize },
+    /// The queue is full.
+    #[error("the request queue is full ({0} waiting)")]
+    QueueFull(usize),
+    /// A resize of the expert cache is in progress.
+    #[error("the expert cache is being resized; retry shortly")]
+    Resizing,
+    /// The engine failed to start.
+    #[error("engine start failed: {0}")]
+    Start(String),
+    /// The engine has stopped.
+    #[error("the engine is not running")]
+    Stopped,
+    /// An internal fault.
+    #[error("engine fault: {0}")]
+    Internal(String),
+}
+
+/// Counters of one MoE layer (or all layers).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct LayerStats {
+    /// Routed (token-batch, expert) pairs found in the cache.
+    pub hits: u64,
+    /// Pairs not in the cache.
+    pub misses: u64,
+    /// Misses fetched into cache slots.
+    pub fetched: u64,
+    /// Misses computed by the CPU executors.
+    pub cpu_computed: u64,
+    /// Experts computed from a streamed layer buffer (prefill).
+    pub streamed: u64,
+    /// Bytes copied host→device.
+    pub bytes_moved: u64,
+    /// Seconds in device expert compute.
+    pub device_s: f64,
+    /// Seconds waiting for fetches.
+    pub fetch_wait_s: f64,
+    /// Seconds of CPU executor compute.
+    pub cpu_s: f64,
+}
+
+impl LayerStats {
+    /// Adds `o` into `self`.
+    pub fn add(&mut self, o: &LayerStats) {
+        self.hits += o.hits;
+        self.misses += o.misses;
+        self.fetched += o.fetched;
+        self.cpu_computed += o.cpu_computed;
+        self.streamed += o.streamed;
+        self.bytes_moved += o.bytes_moved;
+        self.device_s += o.device_s;
+        self.fetch_wait_s += o.fetch_wait_s;
+        self.cpu_s += o.cpu_s;
+    }
+    /// hits / (hits + misses).
+    pub fn hit_rate(&self) -> f64 {
+        let n = self.hits + self.misses;
+        if n == 0 { 0.0 } else { self.hits as f64 / n as f64 }
+    }
+}
+
+/// Everything the engine counts, readable at any time.
+#[derive(Clone, Debug, Default)]
+pub struct EngineStats {
+    /// Per MoE layer index.
+    pub layers: Vec<(usize, LayerStats)>,
+    /// Sum over layers.
+    pub total: LayerStats,
+    /// Cache manager counters.
+    pub cache: CacheStats,
+    /// Expert cache capacity in slots.
+    pub cache_slots: u64,
+    /// Slots in use.
+    pub cache_used: u64,
+    /// Forward steps run (prefill chunks and decode tokens).
+    pub steps: u64,
+    /// Decode steps (one token).
+    pub decode_steps: u64,
+    /// Seconds of decode step wall time.
+    pub decode_s: f64,
+    /// Seconds of decode wall time spent in actor messaging (round trips and queueing).
+    pub actor_overhead_s: f64,
+    /// Tokens generated.
+    pub tokens_generated: u64,
+    /// Prompt tokens processed.
+    pub prompt_tokens: u64,
+    /// Requests completed.
+    pub requests: u64,
+    /// Sequences running.
+    pub active: usize,
+    /// Requests waiting.
+    pub queued: usize,
+}
+
+impl EngineStats {
+    /// Actor messaging as a fraction of decode wall time.
+    pub fn actor_overhead_fraction(&self) -> f64 {
+        if self.decode_s > 0.0 { self.actor_overhead_s / self.decode_s } else { 0.0 }
+    }
+}
+
+/// Facts about a running engine.
+#[derive(Clone, Debug)]
+pub struct EngineInfo {
+    /// Model folder.
+    pub model_dir: PathBuf,
+    /// Normalised model config.
+    pub config: crate::model::ModelConfig,
+    /// Size facts.
+    pub stats: crate::model::info::ModelStats,
+    /// Context per sequence.
+    pub context: usize,
+    /// Backend kind and device name.
+    pub backend: String,
+    /// Effective MoE mode.
+    pub moe_mode: String,
+    /// Measured or configured host→device bandwidth, bytes/s.
+    pub b_p: f64,
+    /// Measured or configured CPU expert rate, bytes/s.
+    pub b_h: f64,
+    /// Where the bandwidths came from.
+    pub bandwidth_source: String,
+    /// The memory plan.
+    pub memory: crate::policy::MemoryPlan,
+    /// End-of-sequence ids.
+    pub eos_ids: Vec<u32>,
+}

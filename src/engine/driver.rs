@@ -1,0 +1,374 @@
+//! The sequence driver: admits requests, takes turns between running sequences one forward
+//! step at a time, turns sampled tokens into text and events, and applies cache resizes at
+//! step boundaries. It never computes: steps go to the device stream, which replies later.
+
+use super::api::*;
+use crate::actors::device::{DeviceMsg, SeqSpec, StepOutput};
+use crate::sampling::StopChecker;
+use crate::tokenizer::{StreamDecoder, Tokenizer};
+use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::Instant;
+use tokio::sync::mpsc;
+
+/// Identifies a sequence inside the engine.
+pub type SeqId = u64;
+
+/// Messages of the driver.
+pub enum EngineMsg {
+    /// A new generation.
+    Submit { req: Box<EngineRequest>, events: mpsc::UnboundedSender<GenEvent>, reply: RpcReplyPort<Result<SeqId, EngineError>> },
+    /// Stop a generation.
+    Cancel { seq: SeqId },
+    /// Full-sequence logits of a prompt.
+    Logits { prompt: Vec<u32>, reply: RpcReplyPort<Result<Vec<f32>, EngineError>> },
+    /// Change the expert cache capacity at the next step boundary.
+    Resize { slots: u64, reply: RpcReplyPort<Result<u64, EngineError>> },
+    /// Read the counters.
+    Stats { reply: RpcReplyPort<Result<EngineStats, EngineError>> },
+    /// Reset the counters.
+    ResetStats { reply: RpcReplyPort<()> },
+    /// A step the device stream finished.
+    StepDone { seq: SeqId, result: Result<StepOutput, String> },
+    /// A logits job finished.
+    LogitsDone,
+}
+
+/// What the driver needs to run.
+pub struct DriverArgs {
+    /// The device stream.
+    pub device: ActorRef<DeviceMsg>,
+    /// Facts (context, eos ids).
+    pub info: Arc<EngineInfo>,
+    /// For incremental detokenisation.
+    pub tokenizer: Option<Arc<Tokenizer>>,
+    /// Concurrency limits.
+    pub max_active: usize,
+    /// Queue limit.
+    pub max_queue: usize,
+}
+
+struct Sequence {
+    id: SeqId,
+    req: Box<EngineRequest>,
+    events: mpsc::UnboundedSender<GenEvent>,
+    stops: StopChecker,
+    decoder: Option<StreamDecoder>,
+    eos: Vec<u32>,
+    generated: usize,
+    budget: usize,
+    submitted: Instant,
+    first_token: Option<Instant>,
+    started: bool,
+}
+
+/// The driver's state.
+pub struct DriverState {
+    args: DriverArgs,
+    next_id: SeqId,
+    queue: VecDeque<Sequence>,
+    active: VecDeque<Sequence>,
+    in_flight: Option<SeqId>,
+    busy_exclusive: bool,
+    pending_resize: Vec<(u64, RpcReplyPort<Result<u64, EngineError>>)>,
+    pending_logits: VecDeque<(Vec<u32>, RpcReplyPort<Result<Vec<f32>, EngineError>>)>,
+    cancelled: Vec<SeqId>,
+    stats: EngineStats,
+}
+
+/// The sequence driver actor.
+pub struct EngineDriver;
+
+impl DriverState {
+    /// Text still held by the detokeniser and the stop checker, at the end of a sequence.
+    fn drain_text(&self, seq: &mut Sequence) -> String {
+        let mut text = String::new();
+        if let (Some(dec), Some(tok)) = (seq.decoder.as_mut(), self.args.tokenizer.as_deref()) {
+            if let Ok(Some(piece)) = dec.flush(tok) {
+                let out = seq.stops.push(&piece);
+                text.push_str(&out.text);
+                if out.stopped {
+                    return text;
+                }
+            }
+        }
+        text.push_str(&seq.stops.flush());
+        text
+    }
+
+    fn finish(&mut self, seq: Sequence, finish: FinishReason, myself_device: &ActorRef<DeviceMsg>) {
+        let now = Instant::now();
+        let _ = seq.events.send(GenEvent::Done(Completion {
+            finish,
+            prompt_tokens: seq.req.prompt.len(),
+            cached_tokens: 0,
+            completion_tokens: seq.generated,
+            time_to_first_token: seq.first_token.map_or(now - seq.submitted, |t| t - seq.submitted),
+            total_time: now - seq.submitted,
+        }));
+        self.stats.requests += 1;
+        if seq.started {
+            let _ = myself_device.cast(DeviceMsg::DropSeq { seq: seq.id });
+        }
+    }
+
+    fn fail(&mut self, seq: Sequence, err: String) {
+        let _ = seq.events.send(GenEvent::Error(err));
+        if seq.started {
+            let _ = self.args.device.cast(DeviceMsg::DropSeq { seq: seq.id });
+        }
+    }
+}
+
+impl EngineDriver {
+    /// Starts the next unit of work if the device stream is idle.
+    fn schedule(&self, myself: &ActorRef<EngineMsg>, st: &mut DriverState) {
+        if st.in_flight.is_some() || st.busy_exclusive {
+            return;
+        }
+        // Resizes apply only here, between steps: no slot is leased now.
+        if !st.pending_resize.is_empty() {
+            let resizes = std::mem::take(&mut st.pending_resize);
+            let device = st.args.device.clone();
+            st.busy_exclusive = true;
+            let me = myself.clone();
+            tokio::spawn(async move {
+                for (slots, reply) in resizes {
+                    let r = device
+                        .call(|r| DeviceMsg::Resize { slots, reply: r }, None)
+                        .await
+                        .map_err(|e| EngineError::Internal(e.to_string()))
+                        .and_then(|c| c.success_or(EngineError::Stopped))
+                        .and_then(|r| r.map_err(EngineError::Internal));
+                    let _ = reply.send(r);
+                }
+                let _ = me.cast(EngineMsg::LogitsDone);
+            });
+            return;
+        }
+        if let Some((prompt, reply)) = st.pending_logits.pop_front() {
+            let device = st.args.device.clone();
+            st.busy_exclusive = true;
+            let me = myself.clone();
+            tokio::spawn(async move {
+                let r = device
+                    .call(|r| DeviceMsg::FullLogits { prompt, reply: r }, None)
+                    .await
+                    .map_err(|e| EngineError::Internal(e.to_string()))
+                    .and_then(|c| c.success_or(EngineError::Stopped))
+                    .and_then(|r| r.map_err(EngineError::Internal));
+                let _ = reply.send(r);
+                let _ = me.cast(EngineMsg::LogitsDone);
+            });
+            return;
+        }
+        while st.active.len() < st.args.max_active {
+            match st.queue.pop_front() {
+                Some(s) => st.active.push_back(s),
+                None => break,
+            }
+        }
+        let Some(mut seq) = st.active.pop_front() else { return };
+        let tokens = if seq.started { Vec::new() } else { seq.req.prompt.clone() };
+        let spec = (!seq.started).then(|| SeqSpec {
+            capacity: seq.req.prompt.len() + seq.budget,
+            sampling: seq.req.sampling.clone(),
+            return_logits: seq.req.return_logits,
+        });
+        seq.started = true;
+        let id = seq.id;
+        st.in_flight = Some(id);
+        st.active.push_back(seq);
+        let device = st.args.device.clone();
+        let me = myself.clone();
+        tokio::spawn(async move {
+            let result = match device.call(|reply| DeviceMsg::Step { seq: id, spec, tokens, reply }, None).await {
+                Ok(ractor::rpc::CallResult::Success(r)) => r,
+                Ok(_) => Err("device stream stopped".to_string()),
+                Err(e) => Err(e.to_string()),
+            };
+            let _ = me.cast(EngineMsg::StepDone { seq: id, result });
+        });
+    }
+}
+
+impl Actor for EngineDriver {
+    type Msg = EngineMsg;
+    type State = DriverState;
+    type Arguments = DriverArgs;
+
+    async fn pre_start(&self, _myself: ActorRef<Self::Msg>, args: DriverArgs) -> Result<DriverState, ActorProcessingErr> {
+        Ok(DriverState {
+            args,
+            next_id: 1,
+            queue: VecDeque::new(),
+            active: VecDeque::new(),
+            in_flight: None,
+            busy_exclusive: false,
+            pending_resize: vec![],
+            pending_logits: VecDeque::new(),
+            cancelled: vec![],
+            stats: EngineStats::default(),
+        })
+    }
+
+    async fn handle(&self, myself: ActorRef<Self::Msg>, msg: EngineMsg, st: &mut DriverState) -> Result<(), ActorProcessingErr> {
+        match msg {
+            EngineMsg::Submit { req, events, reply } => {
+                let context = st.args.info.context;
+                let err = if req.prompt.is_empty() {
+                    Some(EngineError::InvalidRequest("the prompt is empty".into()))
+                } else if req.prompt.len() >= context {
+                    Some(EngineError::PromptTooLong { prompt: req.prompt.len(), context })
+                } else if let Some(bad) = req.prompt.iter().find(|&&t| t as usize >= st.args.info.config.vocab_size) {
+                    Some(EngineError::InvalidRequest(format!("token id {bad} is outside the vocabulary")))
+                } else if let Err(e) = req.sampling.validate() {
+                    Some(EngineError::InvalidRequest(e.to_string()))
+                } else if st.queue.len() >= st.args.max_queue {
+                    Some(EngineError::QueueFull(st.queue.len()))
+                } else {
+                    None
+                };
+                if let Some(e) = err {
+                    let _ = reply.send(Err(e));
+                    return Ok(());
+                }
+                let id = st.next_id;
+                st.next_id += 1;
+                let mut eos = if req.ignore_eos { vec![] } else { st.args.info.eos_ids.clone() };
+                eos.extend(&req.stop_ids);
+                let budget = req.max_tokens.min(context - req.prompt.len());
+                let seq = Sequence {
+                    id,
+                    stops: StopChecker::new(req.stop.iter().cloned()),
+                    decoder: st.args.tokenizer.as_ref().map(|t| t.stream_decoder(true)),
+                    eos,
+                    generated: 0,
+                    budget,
+                    req,
+                    events,
+                    submitted: Instant::now(),
+                    first_token: None,
+                    started: false,
+                };
+                let _ = reply.send(Ok(id));
+                if budget == 0 {
+                    let dev = st.args.device.clone();
+                    st.finish(seq, FinishReason::Length, &dev);
+                } else {
+                    st.queue.push_back(seq);
+                }
+            }
+            EngineMsg::Cancel { seq } => {
+                if let Some(pos) = st.queue.iter().position(|s| s.id == seq) {
+                    st.queue.remove(pos);
+                } else if st.in_flight == Some(seq) {
+                    st.cancelled.push(seq);
+                } else if let Some(pos) = st.active.iter().position(|s| s.id == seq) {
+                    if let Some(s) = st.active.remove(pos) {
+                        let _ = st.args.device.cast(DeviceMsg::DropSeq { seq: s.id });
+                    }
+                }
+            }
+            EngineMsg::Logits { prompt, reply } => {
+                let context = st.args.info.context;
+                if prompt.is_empty() || prompt.len() > context {
+                    let _ = reply.send(Err(EngineError::PromptTooLong { prompt: prompt.len(), context }));
+                } else {
+                    st.pending_logits.push_back((prompt, reply));
+                }
+            }
+            EngineMsg::Resize { slots, reply } => st.pending_resize.push((slots, reply)),
+            EngineMsg::Stats { reply } => {
+                let device = st.args.device.clone();
+                let mut base = st.stats.clone();
+                base.active = st.active.len();
+                base.queued = st.queue.len();
+                tokio::spawn(async move {
+                    let r = match device.call(|r| DeviceMsg::Stats { reply: r }, None).await {
+                        Ok(ractor::rpc::CallResult::Success(d)) => {
+                            base.layers = d.layers;
+                            base.total = d.total;
+                            base.cache = d.cache;
+                            base.cache_slots = d.cache_slots;
+                            base.cache_used = d.cache_used;
+                            base.steps = d.steps;
+                            base.decode_steps = d.decode_steps;
+                            base.decode_s = d.decode_s;
+                            base.actor_overhead_s = d.actor_overhead_s;
+                            Ok(base)
+                        }
+                        _ => Err(EngineError::Stopped),
+                    };
+                    let _ = reply.send(r);
+                });
+            }
+            EngineMsg::ResetStats { reply } => {
+                st.stats = EngineStats::default();
+                let _ = st.args.device.cast(DeviceMsg::ResetStats);
+                let _ = reply.send(());
+            }
+            EngineMsg::LogitsDone => st.busy_exclusive = false,
+            EngineMsg::StepDone { seq, result } => {
+                st.in_flight = None;
+                let Some(pos) = st.active.iter().position(|s| s.id == seq) else {
+                    self.schedule(&myself, st);
+                    return Ok(());
+                };
+                let Some(mut s) = st.active.remove(pos) else { return Ok(()) };
+                if let Some(c) = st.cancelled.iter().position(|c| *c == seq) {
+                    st.cancelled.swap_remove(c);
+                    let _ = st.args.device.cast(DeviceMsg::DropSeq { seq });
+                    self.schedule(&myself, st);
+                    return Ok(());
+                }
+                match result {
+                    Err(e) => st.fail(s, e),
+                    Ok(out) => {
+                        if s.generated == 0 {
+                            st.stats.prompt_tokens += s.req.prompt.len() as u64;
+                            s.first_token = Some(Instant::now());
+                        }
+                        s.generated += 1;
+                        st.stats.tokens_generated += 1;
+                        let dev = st.args.device.clone();
+                        let (mut text, mut finish) = (String::new(), None);
+                        if s.eos.contains(&out.token) {
+                            finish = Some(FinishReason::Eos);
+                        } else if let (Some(dec), Some(tok)) = (s.decoder.as_mut(), st.args.tokenizer.as_deref()) {
+                            match dec.step(tok, out.token) {
+                                Ok(Some(piece)) => {
+                                    let o = s.stops.push(&piece);
+                                    text = o.text;
+                                    if o.stopped {
+                                        finish = Some(FinishReason::StopString);
+                                    }
+                                }
+                                Ok(None) => {}
+                                Err(e) => tracing::warn!("detokenisation failed: {e}"),
+                            }
+                        }
+                        if finish.is_none() && s.generated >= s.budget {
+                            finish = Some(FinishReason::Length);
+                        }
+                        if matches!(finish, Some(FinishReason::Eos | FinishReason::Length)) {
+                            text.push_str(&st.drain_text(&mut s));
+                        }
+                        let alive = s.events.send(GenEvent::Token { id: out.token, text, logits: out.logits }).is_ok();
+                        match finish {
+                            Some(f) => st.finish(s, f, &dev),
+                            // The client went away: free its state now.
+                            None if !alive => {
+                                let _ = dev.cast(DeviceMsg::DropSeq { seq: s.id });
+                            }
+                            None => st.active.push_back(s),
+                        }
+                    }
+                }
+            }
+        }
+        self.schedule(&myself, st);
+        Ok(())
+    }
+}

@@ -1,0 +1,201 @@
+//! Engine start-up: load, measure, plan, spawn.
+
+use super::api::*;
+use super::driver::{DriverArgs, EngineDriver};
+use super::EngineHandle;
+use crate::actors::cache::CacheManager;
+use crate::actors::cpu::{expert_on_cpu, CpuExecutors};
+use crate::actors::device::{DeviceArgs, DeviceStream};
+use crate::actors::pipeline::PipelineLinks;
+use crate::actors::router::{Router, RouterArgs};
+use crate::actors::slots::{upload_expert, ExpertShape, SlotPool};
+use crate::actors::transfer::TransferEngine;
+use crate::actors::HostExperts;
+use crate::device::{create_backend, DeviceOptions};
+use crate::model::generation_config::GenerationConfig;
+use crate::model::info::stats;
+use crate::model::Model;
+use crate::policy::{self, plan_memory, BandwidthProfile, KvReserve, MemoryInputs, SplitCosts, VramBudget};
+use crate::tokenizer::Tokenizer;
+use ft_backend::{Backend, BackendKind, DType};
+use ractor::Actor;
+use std::sync::Arc;
+use std::time::Instant;
+
+fn start_err(e: impl std::fmt::Display) -> EngineError {
+    EngineError::Start(e.to_string())
+}
+
+/// Measures `(b_p, b_h)`: host→device copies of one expert through the backend, and the CPU
+/// executor kernel streaming one expert for a single token. Best of a few repetitions.
+fn measure_bandwidths(be: &dyn Backend, host: &HostExperts, shape: ExpertShape, threads: usize) -> Result<(f64, f64), EngineError> {
+    let Some(w) = host.iter().flat_map(|l| l.first()).next() else { return Ok((0.0, 0.0)) };
+    let bytes = w.size_bytes() as f64;
+    // Enough repetitions to measure a few megabytes even for tiny experts.
+    let reps = ((8 << 20) as f64 / bytes).clamp(3.0, 200.0) as usize;
+    let mut slot = SlotPool::new_detached(be, shape).map_err(start_err)?;
+    let stream = be.create_stream().map_err(start_err)?;
+    let mut best_p = f64::INFINITY;
+    for _ in 0..reps {
+        let t = Instant::now();
+        upload_expert(be, stream, w, &mut slot).map_err(start_err)?;
+        be.synchronize(stream).map_err(start_err)?;
+        best_p = best_p.min(t.elapsed().as_secs_f64());
+    }
+    let cpu_pool = rayon::ThreadPoolBuilder::new().num_threads(threads.max(1)).build().map_err(start_err)?;
+    let level = ft_backend_cpu::kernels::SimdLevel::Auto.effective();
+    let x = vec![0.01f32; w.gate.cols];
+    let mut best_h = f64::INFINITY;
+    for _ in 0..reps {
+        let t = Instant::now();
+        expert_on_cpu(&cpu_pool, level, w, &x, 1).map_err(EngineError::Start)?;
+        best_h = best_h.min(t.elapsed().as_secs_f64());
+    }
+    Ok((bytes / best_p.max(1e-9), bytes / best_h.max(1e-9)))
+}
+
+fn weight_dtype(model: &Model) -> DType {
+    model.experts(model.config().moe_layers.iter().position(|m| *m).unwrap_or(0)).first().map_or(DType::F32, |e| e.gate.dtype)
+}
+
+pub(super) async fn spawn(
+    config: EngineConfig,
+    supervisor: Option<ractor::ActorCell>,
+    mut progress: Box<dyn FnMut(usize, usize) + Send>,
+) -> Result<EngineHandle, EngineError> {
+    let dir = match &config.model {
+        Some(d) => d.clone(),
+        None => crate::demo::demo_model_dir().map_err(start_err)?,
+    };
+    let backend = create_backend(&DeviceOptions { backend: config.backend, cpu_threads: config.cpu_threads }).map_err(start_err)?;
+    let load_dir = dir.clone();
+    let load_backend = backend.clone();
+    let model = tokio::task::spawn_blocking(move || Model::load(&load_dir, load_backend, &mut *progress))
+        .await
+        .map_err(start_err)?
+        .map_err(start_err)?;
+    let model = Arc::new(model);
+    let tokenizer = match Tokenizer::from_dir(&dir) {
+        Ok(t) => Some(Arc::new(t)),
+        Err(e) => {
+            tracing::warn!("no tokenizer ({e}): the engine takes and returns token ids only");
+            None
+        }
+    };
+    let gen_cfg = GenerationConfig::from_dir(&dir).map_err(start_err)?;
+    let mut eos_ids = model.config().eos_token_ids.clone();
+    eos_ids.extend(&gen_cfg.eos_token_ids);
+    eos_ids.extend(tokenizer.as_ref().and_then(|t| t.eos_token_id()));
+    eos_ids.sort_unstable();
+    eos_ids.dedup();
+
+    let cfg = model.config().clone();
+    let st = stats(&model);
+    let context = config.ctx_size.unwrap_or(cfg.max_position_embeddings).max(1);
+    let threads = config.cpu_threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let host: HostExperts = Arc::new((0..cfg.num_layers).map(|l| model.experts(l).to_vec()).collect());
+    let dtype = weight_dtype(&model);
+    let shape = ExpertShape { inter: cfg.moe_intermediate_size, hidden: cfg.hidden_size, dtype };
+
+    // With the CPU as the device, cached copies of experts would live in the same memory as
+    // the host pool: the default is no cache, every expert computed from the mapped file.
+    let cpu_device = backend.kind() == BackendKind::Cpu;
+    let slots_override = match (config.expert_cache_slots, cpu_device, config.vram_budget) {
+        (Some(n), _, _) => Some(n),
+        (None, true, VramBudget::Auto) => Some(0),
+        _ => None,
+    };
+    let mem = backend.memory_info().map_err(start_err)?;
+    let memory = plan_memory(&MemoryInputs {
+        device_free: mem.free,
+        device_total: mem.total,
+        budget: config.vram_budget,
+        non_expert_bytes: if cpu_device { 0 } else { st.non_expert_bytes },
+        kv: KvReserve { bytes_per_token: st.kv_bytes_per_token, context: context as u64, sequences: config.max_active as u64 },
+        scratch_bytes: 64 << 20,
+        expert_bytes: st.bytes_per_expert,
+        experts_per_layer: cfg.num_experts as u64,
+        moe_layers: cfg.num_moe_layers() as u64,
+        streaming_prefill: config.prefill != PrefillMode::Decode,
+        cache_slots_override: slots_override,
+    });
+    if !memory.fits {
+        return Err(EngineError::Start(memory.error.clone().unwrap_or_else(|| "the model does not fit the memory budget".into())));
+    }
+    for w in &memory.warnings {
+        tracing::warn!("{w}");
+    }
+
+    // Bandwidths: configured > stored profile > measured now (then stored).
+    let machine = policy::machine_id();
+    let backend_name = format!("{} {}", backend.kind(), backend.device_name());
+    let key = policy::profile_key(&machine, &backend_name, dtype.name());
+    let cache_dir = config.cache_dir.clone().or_else(policy::profile::default_cache_dir);
+    let stored = cache_dir.as_ref().and_then(|d| policy::profile::load(d, &key).ok().flatten());
+    let resolved = policy::resolve_bandwidths(stored.as_ref(), config.b_h, config.b_p).map_err(start_err)?;
+    let (b_p, b_h, source) = match resolved.values() {
+        Some((b_h, b_p)) => (b_p, b_h, if stored.is_some() { "profile" } else { "config" }),
+        None => {
+            let (mp, mh) = measure_bandwidths(backend.as_ref(), &host, shape, threads)?;
+            let b_p = config.b_p.unwrap_or(mp);
+            let b_h = config.b_h.unwrap_or(mh);
+            if let Some(d) = &cache_dir {
+                if let Err(e) = policy::profile::save(d, &BandwidthProfile::new(mh, mp, &machine, &backend_name, dtype.name())) {
+                    tracing::warn!("bandwidth profile not saved: {e}");
+                }
+            }
+            (b_p, b_h, "measured")
+        }
+    };
+    let slots = memory.cache_slots;
+    let (mode, why) = config.moe_mode.resolve_explained(b_p, b_h, slots as usize);
+    tracing::info!(b_p, b_h, source, slots, ?mode, why, "engine plan");
+
+    let pool = Arc::new(SlotPool::new(backend.clone(), shape, slots as usize).map_err(start_err)?);
+    let (cache, _) = Actor::spawn(None, CacheManager, slots).await.map_err(start_err)?;
+    let (transfer, _) = Actor::spawn(None, TransferEngine, (backend.clone(), pool.clone(), host.clone())).await.map_err(start_err)?;
+    let (cpu, _) = Actor::spawn(None, CpuExecutors, (threads, host.clone())).await.map_err(start_err)?;
+    let costs = SplitCosts::new(st.bytes_per_expert, b_p, b_h);
+    let (router, _) = Actor::spawn(None, Router, RouterArgs { cache: cache.clone(), mode, costs }).await.map_err(start_err)?;
+    let links = PipelineLinks { router: router.clone(), transfer: transfer.clone(), cpu: cpu.clone(), pool: pool.clone() };
+    let device_args = DeviceArgs {
+        model: model.clone(),
+        links,
+        cache: cache.clone(),
+        mode,
+        prefill: config.prefill,
+        bandwidths: (b_p, b_h),
+        streaming_available: memory.streaming_prefill || config.prefill == PrefillMode::Stream,
+    };
+    let (device, _) = Actor::spawn(None, DeviceStream, device_args).await.map_err(start_err)?;
+    let info = Arc::new(EngineInfo {
+        model_dir: dir,
+        config: cfg,
+        stats: st,
+        context,
+        backend: backend_name,
+        moe_mode: format!("{} → {mode:?} ({why})", config.moe_mode),
+        b_p,
+        b_h,
+        bandwidth_source: source.into(),
+        memory,
+        eos_ids,
+    });
+    let args = DriverArgs {
+        device: device.clone(),
+        info: info.clone(),
+        tokenizer: tokenizer.clone(),
+        max_active: config.max_active.max(1),
+        max_queue: config.max_queue,
+    };
+    let (driver, _) = match supervisor {
+        Some(sup) => Actor::spawn_linked(None, EngineDriver, args, sup).await,
+        None => Actor::spawn(None, EngineDriver, args).await,
+    }
+    .map_err(start_err)?;
+    // The helpers live and die with the driver.
+    for cell in [device.get_cell(), router.get_cell(), cpu.get_cell(), transfer.get_cell(), cache.get_cell()] {
+        cell.link(driver.get_cell());
+    }
+    Ok(EngineHandle { driver, info, tokenizer })
+}
