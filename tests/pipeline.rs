@@ -223,3 +223,31 @@ fn bad_requests_are_refused_with_typed_errors() {
         engine.shutdown().await;
     });
 }
+
+#[test]
+fn bandwidths_are_measured_once_then_read_from_the_profile() {
+    rt().block_on(async {
+        let dir = std::env::temp_dir().join(format!("ft-profile-test-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let mut c = config("qwen3_moe", 4, MoeMode::Auto);
+        (c.b_p, c.b_h, c.cache_dir) = (None, None, Some(dir.clone()));
+        let first = Engine::spawn(c.clone(), None).await.unwrap();
+        assert_eq!(first.info().bandwidth_source, "measured");
+        assert!(first.info().b_p > 0.0 && first.info().b_h > 0.0);
+        let (b_p, b_h) = (first.info().b_p, first.info().b_h);
+        first.shutdown().await;
+        let second = Engine::spawn(c.clone(), None).await.unwrap();
+        assert_eq!(second.info().bandwidth_source, "profile");
+        let close = |a: f64, b: f64| (a - b).abs() <= 1e-9 * b.abs();
+        assert!(close(second.info().b_p, b_p) && close(second.info().b_h, b_h), "stored values are reused");
+        second.shutdown().await;
+        // Configured values win over the stored profile.
+        c.b_p = Some(123.0);
+        c.b_h = Some(456.0);
+        let third = Engine::spawn(c, None).await.unwrap();
+        assert_eq!((third.info().b_p, third.info().b_h), (123.0, 456.0));
+        assert_eq!(third.info().bandwidth_source, "config");
+        third.shutdown().await;
+        std::fs::remove_dir_all(&dir).ok();
+    });
+}

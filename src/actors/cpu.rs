@@ -24,10 +24,21 @@ pub struct CpuDone {
     pub bytes: u64,
 }
 
+/// One expert over `n` token rows `xs` (`[n, hidden]`).
+pub struct CpuJob {
+    /// Which expert.
+    pub key: ExpertKey,
+    /// Token rows.
+    pub xs: Vec<f32>,
+    /// Number of rows.
+    pub n: usize,
+}
+
 /// Messages of the CPU executors.
 pub enum CpuMsg {
-    /// Compute expert `key` over `n` token rows `xs` (`[n, hidden]`).
-    Run { key: ExpertKey, xs: Vec<f32>, n: usize, sent: Instant, reply: RpcReplyPort<Result<CpuDone, String>> },
+    /// Compute every job of one layer (one message per layer and step, not per expert);
+    /// the outputs come back in job order.
+    Run { jobs: Vec<CpuJob>, sent: Instant, reply: RpcReplyPort<Result<Vec<CpuDone>, String>> },
 }
 
 /// What the executors hold.
@@ -65,19 +76,24 @@ impl Actor for CpuExecutors {
     }
 
     async fn handle(&self, _me: ActorRef<CpuMsg>, msg: CpuMsg, st: &mut CpuState) -> Result<(), ActorProcessingErr> {
-        let CpuMsg::Run { key, xs, n, sent, reply } = msg;
+        let CpuMsg::Run { jobs, sent, reply } = msg;
         let delivered = Instant::now();
         let (pool, level, host) = (st.pool.clone(), st.level, st.host.clone());
         st.pool.spawn(move || {
-            let start = Instant::now();
-            let r = host
-                .get(key.layer as usize)
-                .and_then(|l| l.get(key.expert as usize))
-                .ok_or_else(|| format!("no expert {key:?} in the host pool"))
-                .and_then(|w| {
-                    let y = expert_on_cpu(&pool, level, w, &xs, n)?;
+            use rayon::prelude::*;
+            // Experts run side by side; each one's matmuls also split rows over the pool.
+            let r: Result<Vec<CpuDone>, String> = jobs
+                .par_iter()
+                .map(|job| {
+                    let start = Instant::now();
+                    let w = host
+                        .get(job.key.layer as usize)
+                        .and_then(|l| l.get(job.key.expert as usize))
+                        .ok_or_else(|| format!("no expert {:?} in the host pool", job.key))?;
+                    let y = expert_on_cpu(&pool, level, w, &job.xs, job.n)?;
                     Ok(CpuDone { y, secs: start.elapsed().as_secs_f64(), queued_s: (delivered - sent).as_secs_f64(), bytes: w.size_bytes() as u64 })
-                });
+                })
+                .collect();
             let _ = reply.send(r);
         });
         Ok(())

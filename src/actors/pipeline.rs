@@ -8,7 +8,7 @@
 //! Streaming path (prefill): the whole next MoE layer is copied into the other layer buffer
 //! while this one computes.
 
-use super::cpu::{CpuDone, CpuMsg};
+use super::cpu::{CpuDone, CpuJob, CpuMsg};
 use super::router::{LayerPlan, RouterMsg};
 use super::slots::SlotPool;
 use super::transfer::{Copied, TransferMsg};
@@ -100,18 +100,22 @@ impl ExpertRunner for PipelineExperts<'_> {
         self.stats.messaging_s += t0.elapsed().as_secs_f64();
         let mut st = LayerStats { hits: plan.hits.len() as u64, misses: (plan.fetch.len() + plan.cpu.len()) as u64, ..Default::default() };
 
-        // CPU jobs first: they run concurrently with everything the device does below.
-        let mut cpu_jobs = vec![];
+        // CPU jobs first, one message for the layer: they run while the device works below.
+        let mut cpu_reply = None;
         if !plan.cpu.is_empty() {
             let h_host = download_f32(be, h, routing.n_tokens() * hidden)?;
-            for &e in &plan.cpu {
-                let (_, rows, _) = &groups[by_id[&e]];
-                let xs: Vec<f32> = rows.iter().flat_map(|&r| h_host[r as usize * hidden..][..hidden].iter().copied()).collect();
-                let (tx, rx) = oneshot::channel();
-                let key = ExpertKey::new(layer as u16, e);
-                self.links.cpu.cast(CpuMsg::Run { key, xs, n: rows.len(), sent: Instant::now(), reply: tx.into() }).map_err(err)?;
-                cpu_jobs.push((e, rx));
-            }
+            let jobs = plan
+                .cpu
+                .iter()
+                .map(|&e| {
+                    let (_, rows, _) = &groups[by_id[&e]];
+                    let xs = rows.iter().flat_map(|&r| h_host[r as usize * hidden..][..hidden].iter().copied()).collect();
+                    CpuJob { key: ExpertKey::new(layer as u16, e), xs, n: rows.len() }
+                })
+                .collect();
+            let (tx, rx) = oneshot::channel();
+            self.links.cpu.cast(CpuMsg::Run { jobs, sent: Instant::now(), reply: tx.into() }).map_err(err)?;
+            cpu_reply = Some(rx);
         }
         let mut fetches = vec![];
         for (e, lease) in &plan.fetch {
@@ -145,15 +149,17 @@ impl ExpertRunner for PipelineExperts<'_> {
             device_expert(be, &bufs, h, rows, weights, out, inter, hidden)?;
             st.device_s += t_dev.elapsed().as_secs_f64();
         }
-        for (e, rx) in cpu_jobs {
-            let done: CpuDone = blocking_reply(rx, "CPU executors").map_err(err)?.map_err(err)?;
-            self.stats.messaging_s += done.queued_s;
-            st.cpu_s += done.secs;
-            st.cpu_computed += 1;
-            let (_, rows, weights) = &groups[by_id[&e]];
-            let mut y = scratch(be, rows.len() * hidden)?;
-            be.upload(StreamId::COMPUTE, bytemuck::cast_slice(&done.y), &mut y, 0)?;
-            be.scatter_add_rows(out, &y, rows, weights, hidden)?;
+        if let Some(rx) = cpu_reply {
+            let done: Vec<CpuDone> = blocking_reply(rx, "CPU executors").map_err(err)?.map_err(err)?;
+            self.stats.messaging_s += done.first().map_or(0.0, |d| d.queued_s);
+            for (e, d) in plan.cpu.iter().zip(done) {
+                st.cpu_s += d.secs;
+                st.cpu_computed += 1;
+                let (_, rows, weights) = &groups[by_id[e]];
+                let mut y = scratch(be, rows.len() * hidden)?;
+                be.upload(StreamId::COMPUTE, bytemuck::cast_slice(&d.y), &mut y, 0)?;
+                be.scatter_add_rows(out, &y, rows, weights, hidden)?;
+            }
         }
         drop(plan);
         self.stats.layers.entry(layer).or_default().add(&st);

@@ -134,7 +134,10 @@ pub(super) async fn spawn(
     let stored = cache_dir.as_ref().and_then(|d| policy::profile::load(d, &key).ok().flatten());
     let resolved = policy::resolve_bandwidths(stored.as_ref(), config.b_h, config.b_p).map_err(start_err)?;
     let (b_p, b_h, source) = match resolved.values() {
-        Some((b_h, b_p)) => (b_p, b_h, if stored.is_some() { "profile" } else { "config" }),
+        Some((b_h, b_p)) => {
+            let configured = config.b_p.is_some() && config.b_h.is_some();
+            (b_p, b_h, if configured { "config" } else { "profile" })
+        }
         None => {
             let (mp, mh) = measure_bandwidths(backend.as_ref(), &host, shape, threads)?;
             let b_p = config.b_p.unwrap_or(mp);
