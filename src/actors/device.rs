@@ -5,10 +5,10 @@
 use super::cache::CacheMsg;
 use super::pipeline::{PipelineExperts, PipelineLinks, RunStats, StreamingExperts};
 use super::blocking_reply;
-use crate::engine::{LayerStats, PrefillMode};
+use crate::engine::{EngineStats, LayerStats, PrefillMode};
 use crate::kv::SequenceState;
 use crate::model::{Logits, Model};
-use crate::policy::{plan_prefill, CacheStats, PrefillInputs, PrefillPath, Residency, ResolvedMode};
+use crate::policy::{plan_prefill, PrefillInputs, PrefillPath, Residency, ResolvedMode};
 use crate::sampling::{Sampler, SamplingParams};
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use std::collections::HashMap;
@@ -36,29 +36,6 @@ pub struct StepOutput {
     pub logits: Option<Vec<f32>>,
 }
 
-/// Device-side counters.
-#[derive(Clone, Debug, Default)]
-pub struct DeviceStats {
-    /// Per MoE layer.
-    pub layers: Vec<(usize, LayerStats)>,
-    /// Sum.
-    pub total: LayerStats,
-    /// Cache counters.
-    pub cache: CacheStats,
-    /// Capacity.
-    pub cache_slots: u64,
-    /// Occupancy.
-    pub cache_used: u64,
-    /// Forward steps.
-    pub steps: u64,
-    /// One-token steps.
-    pub decode_steps: u64,
-    /// Wall seconds of one-token steps.
-    pub decode_s: f64,
-    /// Messaging seconds during one-token steps.
-    pub actor_overhead_s: f64,
-}
-
 /// Messages of the device stream.
 pub enum DeviceMsg {
     /// Run a step of `seq`: the prompt (first step, with `spec`) or the last sampled token
@@ -71,7 +48,7 @@ pub enum DeviceMsg {
     /// Change the expert cache capacity (the driver sends it between steps).
     Resize { slots: u64, reply: RpcReplyPort<Result<u64, String>> },
     /// Counters.
-    Stats { reply: RpcReplyPort<DeviceStats> },
+    Stats { reply: RpcReplyPort<EngineStats> },
     /// Reset counters.
     ResetStats,
 }
@@ -113,7 +90,7 @@ struct Worker {
     args: DeviceArgs,
     seqs: HashMap<u64, Seq>,
     run: RunStats,
-    dev: DeviceStats,
+    dev: EngineStats,
     moe_layers: Vec<usize>,
 }
 
@@ -206,7 +183,7 @@ impl Worker {
         Ok(slots)
     }
 
-    fn stats(&mut self) -> DeviceStats {
+    fn stats(&mut self) -> EngineStats {
         let mut d = self.dev.clone();
         let mut layers: Vec<(usize, LayerStats)> = self.run.layers.iter().map(|(l, s)| (*l, s.clone())).collect();
         layers.sort_by_key(|(l, _)| *l);
@@ -255,7 +232,7 @@ impl Worker {
                 }
                 DeviceMsg::ResetStats => {
                     self.run = RunStats::default();
-                    self.dev = DeviceStats::default();
+                    self.dev = EngineStats::default();
                     let _ = self.args.cache.cast(CacheMsg::ResetStats);
                 }
             }
@@ -270,7 +247,7 @@ impl Actor for DeviceStream {
 
     async fn pre_start(&self, _me: ActorRef<DeviceMsg>, args: DeviceArgs) -> Result<DeviceState, ActorProcessingErr> {
         let moe_layers = (0..args.model.config().num_layers).filter(|l| args.model.config().moe_layers[*l]).collect();
-        let worker = Worker { args, seqs: HashMap::new(), run: RunStats::default(), dev: DeviceStats::default(), moe_layers };
+        let worker = Worker { args, seqs: HashMap::new(), run: RunStats::default(), dev: EngineStats::default(), moe_layers };
         let (tx, rx) = mpsc::channel();
         std::thread::Builder::new().name("ft-device-stream".into()).spawn(move || worker.run(rx))?;
         Ok(DeviceState { jobs: tx })

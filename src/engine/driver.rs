@@ -31,8 +31,8 @@ pub enum EngineMsg {
     ResetStats { reply: RpcReplyPort<()> },
     /// A step the device stream finished.
     StepDone { seq: SeqId, result: Result<StepOutput, String> },
-    /// A logits job finished.
-    LogitsDone,
+    /// A resize or logits job finished.
+    ExclusiveDone,
 }
 
 /// What the driver needs to run.
@@ -79,6 +79,25 @@ pub struct DriverState {
 
 /// The sequence driver actor.
 pub struct EngineDriver;
+
+/// Work that needs the device stream to itself.
+enum ExclusiveJob {
+    Resize(Vec<(u64, RpcReplyPort<Result<u64, EngineError>>)>),
+    Logits(Vec<u32>, RpcReplyPort<Result<Vec<f32>, EngineError>>),
+}
+
+/// Calls the device stream and flattens its transport and job errors.
+async fn ask_device<T: Send + 'static>(
+    device: &ActorRef<DeviceMsg>,
+    msg: impl FnOnce(RpcReplyPort<Result<T, String>>) -> DeviceMsg,
+) -> Result<T, EngineError> {
+    device
+        .call(msg, None)
+        .await
+        .map_err(|e| EngineError::Internal(e.to_string()))?
+        .success_or(EngineError::Stopped)?
+        .map_err(EngineError::Internal)
+}
 
 impl DriverState {
     /// Text still held by the detokeniser and the stop checker, at the end of a sequence.
@@ -127,39 +146,27 @@ impl EngineDriver {
         if st.in_flight.is_some() || st.busy_exclusive {
             return;
         }
-        // Resizes apply only here, between steps: no slot is leased now.
-        if !st.pending_resize.is_empty() {
-            let resizes = std::mem::take(&mut st.pending_resize);
-            let device = st.args.device.clone();
+        // Resizes and logits jobs run alone, between steps (so no slot is leased then).
+        let job: Option<ExclusiveJob> = if !st.pending_resize.is_empty() {
+            Some(ExclusiveJob::Resize(std::mem::take(&mut st.pending_resize)))
+        } else {
+            st.pending_logits.pop_front().map(|(prompt, reply)| ExclusiveJob::Logits(prompt, reply))
+        };
+        if let Some(job) = job {
             st.busy_exclusive = true;
-            let me = myself.clone();
+            let (device, me) = (st.args.device.clone(), myself.clone());
             tokio::spawn(async move {
-                for (slots, reply) in resizes {
-                    let r = device
-                        .call(|r| DeviceMsg::Resize { slots, reply: r }, None)
-                        .await
-                        .map_err(|e| EngineError::Internal(e.to_string()))
-                        .and_then(|c| c.success_or(EngineError::Stopped))
-                        .and_then(|r| r.map_err(EngineError::Internal));
-                    let _ = reply.send(r);
+                match job {
+                    ExclusiveJob::Resize(resizes) => {
+                        for (slots, reply) in resizes {
+                            let _ = reply.send(ask_device(&device, |r| DeviceMsg::Resize { slots, reply: r }).await);
+                        }
+                    }
+                    ExclusiveJob::Logits(prompt, reply) => {
+                        let _ = reply.send(ask_device(&device, |r| DeviceMsg::FullLogits { prompt, reply: r }).await);
+                    }
                 }
-                let _ = me.cast(EngineMsg::LogitsDone);
-            });
-            return;
-        }
-        if let Some((prompt, reply)) = st.pending_logits.pop_front() {
-            let device = st.args.device.clone();
-            st.busy_exclusive = true;
-            let me = myself.clone();
-            tokio::spawn(async move {
-                let r = device
-                    .call(|r| DeviceMsg::FullLogits { prompt, reply: r }, None)
-                    .await
-                    .map_err(|e| EngineError::Internal(e.to_string()))
-                    .and_then(|c| c.success_or(EngineError::Stopped))
-                    .and_then(|r| r.map_err(EngineError::Internal));
-                let _ = reply.send(r);
-                let _ = me.cast(EngineMsg::LogitsDone);
+                let _ = me.cast(EngineMsg::ExclusiveDone);
             });
             return;
         }
@@ -282,23 +289,18 @@ impl Actor for EngineDriver {
             EngineMsg::Resize { slots, reply } => st.pending_resize.push((slots, reply)),
             EngineMsg::Stats { reply } => {
                 let device = st.args.device.clone();
-                let mut base = st.stats.clone();
-                base.active = st.active.len();
-                base.queued = st.queue.len();
+                let own = st.stats.clone();
+                let (active, queued) = (st.active.len(), st.queue.len());
                 tokio::spawn(async move {
                     let r = match device.call(|r| DeviceMsg::Stats { reply: r }, None).await {
-                        Ok(ractor::rpc::CallResult::Success(d)) => {
-                            base.layers = d.layers;
-                            base.total = d.total;
-                            base.cache = d.cache;
-                            base.cache_slots = d.cache_slots;
-                            base.cache_used = d.cache_used;
-                            base.steps = d.steps;
-                            base.decode_steps = d.decode_steps;
-                            base.decode_s = d.decode_s;
-                            base.actor_overhead_s = d.actor_overhead_s;
-                            Ok(base)
-                        }
+                        Ok(ractor::rpc::CallResult::Success(d)) => Ok(EngineStats {
+                            tokens_generated: own.tokens_generated,
+                            prompt_tokens: own.prompt_tokens,
+                            requests: own.requests,
+                            active,
+                            queued,
+                            ..d
+                        }),
                         _ => Err(EngineError::Stopped),
                     };
                     let _ = reply.send(r);
@@ -309,7 +311,7 @@ impl Actor for EngineDriver {
                 let _ = st.args.device.cast(DeviceMsg::ResetStats);
                 let _ = reply.send(());
             }
-            EngineMsg::LogitsDone => st.busy_exclusive = false,
+            EngineMsg::ExclusiveDone => st.busy_exclusive = false,
             EngineMsg::StepDone { seq, result } => {
                 st.in_flight = None;
                 let Some(pos) = st.active.iter().position(|s| s.id == seq) else {
