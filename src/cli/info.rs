@@ -39,7 +39,8 @@ pub fn run(a: InfoArgs) -> Result<()> {
     let be = model.backend();
     let mem = be.memory_info()?;
     let context = a.model.context(&model);
-    let kv_reserve = st.kv_bytes_per_token * context as u64;
+    // Recurrent layers add a fixed-size state per sequence to the per-token caches.
+    let kv_reserve = st.kv_bytes_per_token * context as u64 + st.state_bytes_per_sequence;
     // Device memory left after non-expert weights and one full-context KV reserve is what
     // the expert cache may use.
     let cache_bytes = mem.free.saturating_sub(st.non_expert_bytes + kv_reserve);
@@ -60,6 +61,8 @@ pub fn run(a: InfoArgs) -> Result<()> {
             "non_expert_bytes": st.non_expert_bytes, "expert_bytes": st.expert_bytes,
             "bytes_per_token": st.bytes_per_token,
             "kv_bytes_per_token": st.kv_bytes_per_token,
+            "state_bytes_per_sequence": st.state_bytes_per_sequence,
+            "layer_kinds": layer_kinds(cfg).into_iter().map(|(k, n)| (k.to_string(), serde_json::json!(n))).collect::<serde_json::Map<_, _>>(),
             "backend": be.kind().to_string(), "device": be.device_name(),
             "device_free_bytes": mem.free, "device_total_bytes": mem.total,
             "expert_cache_slots": slots,
@@ -69,16 +72,43 @@ pub fn run(a: InfoArgs) -> Result<()> {
     }
     println!("model            {}", model.dir().display());
     println!("architecture     {} ({} layers, {} MoE)", cfg.arch.model_type(), cfg.num_layers, cfg.num_moe_layers());
-    println!("hidden           {}  heads {} / kv {} × {}", cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim);
+    println!("token mixers     {}", layer_kinds(cfg).iter().map(|(k, n)| format!("{n} {k}")).collect::<Vec<_>>().join(", "));
+    match &cfg.mla {
+        Some(m) => println!(
+            "hidden           {}  heads {}, latent attention caching {} latent + {} rotary values per token",
+            cfg.hidden_size, cfg.num_heads, m.kv_lora_rank, m.qk_rope_head_dim
+        ),
+        None => println!("hidden           {}  heads {} / kv {} × {}", cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim),
+    }
+    if let Some(l) = &cfg.linear_attn {
+        println!(
+            "linear attention {} key / {} value heads × {}/{}, conv kernel {}",
+            l.num_k_heads, l.num_v_heads, l.k_head_dim, l.v_head_dim, l.conv_kernel
+        );
+    }
     println!("experts          {} per layer, {} per token ({} in all)", cfg.num_experts, cfg.top_k, st.total_experts);
     println!("parameters       {} total, {} active per token", count(st.total_params), count(st.active_params));
     println!("bytes per expert {}", gib(st.bytes_per_expert));
     println!("weights          {} non-expert (device), {} experts (host pool)", gib(st.non_expert_bytes), gib(st.expert_bytes));
     println!("read per token   {} (decode, batch 1)", gib(st.bytes_per_token));
     println!("KV cache         {} per token, {} for a {context}-token context", gib(st.kv_bytes_per_token), gib(kv_reserve));
+    if st.state_bytes_per_sequence > 0 {
+        println!("recurrent state  {} per sequence (linear-attention layers)", gib(st.state_bytes_per_sequence));
+    }
     println!("backend          {} — {}", be.kind(), be.device_name());
     println!("device memory    {} free of {}", gib(mem.free), gib(mem.total));
     println!("memory plan      non-expert {} + KV {} on the device; {} expert slots fit in the rest ({} of {} experts)",
         gib(st.non_expert_bytes), gib(kv_reserve), slots, slots, st.total_experts);
     Ok(())
+}
+
+/// How many layers use each token mixer, in a fixed order.
+fn layer_kinds(cfg: &crate::model::ModelConfig) -> Vec<(&'static str, usize)> {
+    use crate::model::config::LayerKind;
+    let full = if cfg.mla.is_some() { "latent-attention" } else { "full-attention" };
+    [(full, LayerKind::FullAttention), ("sliding-window", LayerKind::SlidingAttention), ("linear-attention", LayerKind::LinearAttention)]
+        .into_iter()
+        .map(|(name, k)| (name, cfg.num_layers_of(k)))
+        .filter(|(_, n)| *n > 0)
+        .collect()
 }
