@@ -19,6 +19,8 @@ fn check_fixture(name: &str) {
     let refs = reference_tensors(name);
     let vocab = model.config().vocab_size;
     let h = model.config().hidden_size;
+    // Worst differences over all prompts: full logits, decode steps, incremental vs full.
+    let mut worst = [0f32; 3];
     for (p, ids) in prompts(&r).iter().enumerate() {
         // Full-sequence logits, router choices and hidden states.
         let mut state = SequenceState::new(&model, ids.len() + 16).unwrap();
@@ -27,6 +29,7 @@ fn check_fixture(name: &str) {
         let want = tensor(&refs, &format!("logits.p{p}"));
         let d = max_abs_diff(&logits, &want);
         assert!(d <= LOGIT_TOL, "{name} p{p}: logits max abs diff {d}");
+        worst[0] = worst[0].max(d);
 
         let hidden_ref = tensor(&refs, &format!("hidden_states.p{p}"));
         let t = ids.len();
@@ -75,6 +78,7 @@ fn check_fixture(name: &str) {
         for s in 0..16 {
             let d = max_abs_diff(&step, &gen_ref[s * vocab..(s + 1) * vocab]);
             assert!(d <= LOGIT_TOL, "{name} p{p}: decode step {s} logits differ by {d}");
+            worst[1] = worst[1].max(d);
             let next = argmax(&step);
             got_tokens.push(next);
             step_logits.push(step.clone());
@@ -93,8 +97,13 @@ fn check_fixture(name: &str) {
             let row = &full[(ids.len() - 1 + s) * vocab..(ids.len() + s) * vocab];
             let d = max_abs_diff(inc, row);
             assert!(d <= 1e-4, "{name} p{p}: incremental step {s} vs full recompute differs by {d}");
+            worst[2] = worst[2].max(d);
         }
     }
+    eprintln!(
+        "{name}: max |Δ| logits {:.2e}, decode steps {:.2e}, incremental vs full {:.2e}",
+        worst[0], worst[1], worst[2]
+    );
 }
 
 #[test]
@@ -120,6 +129,26 @@ fn mixtral_matches_transformers() {
 #[test]
 fn glm4_moe_matches_transformers() {
     check_fixture("glm4_moe");
+}
+
+#[test]
+fn qwen3_next_matches_transformers() {
+    check_fixture("qwen3_next");
+}
+
+#[test]
+fn qwen3_5_moe_matches_transformers() {
+    check_fixture("qwen3_5_moe");
+}
+
+#[test]
+fn deepseek_v3_matches_transformers() {
+    check_fixture("deepseek_v3");
+}
+
+#[test]
+fn gpt_oss_matches_transformers() {
+    check_fixture("gpt_oss");
 }
 
 /// The fused 3-D expert layout (`experts.gate_up_proj [E, 2I, H]`, `experts.down_proj

@@ -11,7 +11,7 @@ use ft_actor::device::BackendChoice;
 use ft_actor::engine::{Engine, EngineConfig, EngineHandle, EngineRequest, GenEvent, PrefillMode};
 use ft_actor::policy::MoeMode;
 
-const ARCHS: [&str; 5] = ["qwen3_moe", "qwen3_moe_bf16", "qwen2_moe", "mixtral", "glm4_moe"];
+const ARCHS: [&str; 9] = ["qwen3_moe", "qwen3_moe_bf16", "qwen2_moe", "mixtral", "glm4_moe", "deepseek_v3", "gpt_oss", "qwen3_next", "qwen3_5_moe"];
 
 fn config(name: &str, slots: u64, mode: MoeMode) -> EngineConfig {
     EngineConfig {

@@ -45,6 +45,7 @@ pub enum CpuMsg {
 pub struct CpuState {
     pool: Arc<ThreadPool>,
     level: SimdLevel,
+    act: BinaryOp,
     host: HostExperts,
 }
 
@@ -57,28 +58,54 @@ fn mat(pool: &ThreadPool, level: SimdLevel, x: &[f32], n: usize, m: &HostMatrix)
     Ok(out)
 }
 
-/// `down(silu(gate·x) ⊙ up·x)` on the CPU kernels, the same math as the device path.
-pub fn expert_on_cpu(pool: &ThreadPool, level: SimdLevel, w: &ExpertWeights, xs: &[f32], n: usize) -> Result<Vec<f32>, String> {
+/// Adds a `[cols]` f32 bias (host bytes) to every row of `y`.
+fn add_bias(y: &mut [f32], bias: &ft_backend::HostBytes, cols: usize) -> Result<(), String> {
+    let b = ft_backend::dtype::to_f32_vec(bias.as_slice(), ft_backend::DType::F32).map_err(|e| e.to_string())?;
+    if b.len() != cols {
+        return Err(format!("expert bias has {} values, expected {cols}", b.len()));
+    }
+    y.chunks_exact_mut(cols).for_each(|row| row.iter_mut().zip(&b).for_each(|(v, b)| *v += b));
+    Ok(())
+}
+
+/// `down(act(gate·x + b_g, up·x + b_u)) + b_d` on the CPU kernels, the same math as the
+/// device path.
+pub fn expert_on_cpu(
+    pool: &ThreadPool,
+    level: SimdLevel,
+    act: BinaryOp,
+    w: &ExpertWeights,
+    xs: &[f32],
+    n: usize,
+) -> Result<Vec<f32>, String> {
     let mut g = mat(pool, level, xs, n, &w.gate)?;
-    let u = mat(pool, level, xs, n, &w.up)?;
-    kernels::binary(level, BinaryOp::SwiGlu, &mut g, &u).map_err(|e| e.to_string())?;
-    mat(pool, level, &g, n, &w.down)
+    let mut u = mat(pool, level, xs, n, &w.up)?;
+    if let Some(b) = &w.biases {
+        add_bias(&mut g, &b.gate, w.gate.rows)?;
+        add_bias(&mut u, &b.up, w.up.rows)?;
+    }
+    kernels::binary(level, act, &mut g, &u).map_err(|e| e.to_string())?;
+    let mut y = mat(pool, level, &g, n, &w.down)?;
+    if let Some(b) = &w.biases {
+        add_bias(&mut y, &b.down, w.down.rows)?;
+    }
+    Ok(y)
 }
 
 impl Actor for CpuExecutors {
     type Msg = CpuMsg;
     type State = CpuState;
-    type Arguments = (usize, HostExperts);
+    type Arguments = (usize, BinaryOp, HostExperts);
 
-    async fn pre_start(&self, _me: ActorRef<CpuMsg>, (threads, host): Self::Arguments) -> Result<CpuState, ActorProcessingErr> {
+    async fn pre_start(&self, _me: ActorRef<CpuMsg>, (threads, act, host): Self::Arguments) -> Result<CpuState, ActorProcessingErr> {
         let pool = rayon::ThreadPoolBuilder::new().num_threads(threads.max(1)).thread_name(|i| format!("ft-cpu-exec-{i}")).build()?;
-        Ok(CpuState { pool: Arc::new(pool), level: SimdLevel::Auto.effective(), host })
+        Ok(CpuState { pool: Arc::new(pool), level: SimdLevel::Auto.effective(), act, host })
     }
 
     async fn handle(&self, _me: ActorRef<CpuMsg>, msg: CpuMsg, st: &mut CpuState) -> Result<(), ActorProcessingErr> {
         let CpuMsg::Run { jobs, sent, reply } = msg;
         let delivered = Instant::now();
-        let (pool, level, host) = (st.pool.clone(), st.level, st.host.clone());
+        let (pool, level, act, host) = (st.pool.clone(), st.level, st.act, st.host.clone());
         st.pool.spawn(move || {
             use rayon::prelude::*;
             // Experts run side by side; each one's matmuls also split rows over the pool.
@@ -90,7 +117,7 @@ impl Actor for CpuExecutors {
                         .get(job.key.layer as usize)
                         .and_then(|l| l.get(job.key.expert as usize))
                         .ok_or_else(|| format!("no expert {:?} in the host pool", job.key))?;
-                    let y = expert_on_cpu(&pool, level, w, &job.xs, job.n)?;
+                    let y = expert_on_cpu(&pool, level, act, w, &job.xs, job.n)?;
                     Ok(CpuDone { y, secs: start.elapsed().as_secs_f64(), queued_s: (delivered - sent).as_secs_f64(), bytes: w.size_bytes() as u64 })
                 })
                 .collect();

@@ -14,7 +14,8 @@ use super::slots::SlotPool;
 use super::transfer::{Copied, TransferMsg};
 use super::blocking_reply;
 use crate::engine::LayerStats;
-use crate::model::forward::{download_f32, expert_forward, ExpertBuffers, ExpertRunner};
+use crate::model::forward::{download_f32, expert_forward_with, ExpertBuffers, ExpertExtras, ExpertRunner};
+use crate::model::weights::ExpertWeights;
 use crate::model::routing::Routing;
 use crate::model::{Model, ModelError};
 use crate::policy::ExpertKey;
@@ -56,19 +57,22 @@ fn scratch(be: &dyn Backend, len: usize) -> Result<DeviceBuffer, ModelError> {
 }
 
 /// Gathers the rows of `h` for one expert on the device and adds its weighted output.
+/// `host` supplies the small extras (activation, biases) next to the device matrices `w`.
 fn device_expert(
-    be: &dyn Backend,
+    model: &Model,
     w: &ExpertBuffers,
+    host: &ExpertWeights,
     h: &DeviceBuffer,
     rows: &[u32],
     weights: &[f32],
     out: &mut DeviceBuffer,
-    inter: usize,
-    hidden: usize,
 ) -> Result<(), ModelError> {
+    let be = model.backend();
+    let (hidden, inter) = (model.config().hidden_size, model.config().moe_intermediate_size);
+    let extras = ExpertExtras::import(be, host, model.config().expert_activation)?;
     let mut xs = scratch(be, rows.len() * hidden)?;
     be.gather_rows(h, rows, hidden, &mut xs)?;
-    let y = expert_forward(be, w, &xs, rows.len(), inter, hidden)?;
+    let y = expert_forward_with(be, w, &extras, &xs, rows.len(), inter, hidden)?;
     be.scatter_add_rows(out, &y, rows, weights, hidden)?;
     Ok(())
 }
@@ -86,7 +90,8 @@ pub struct PipelineExperts<'a> {
 impl ExpertRunner for PipelineExperts<'_> {
     fn run_experts(&mut self, model: &Model, layer: usize, h: &DeviceBuffer, routing: &Routing, out: &mut DeviceBuffer) -> Result<(), ModelError> {
         let be = model.backend();
-        let (hidden, inter) = (model.config().hidden_size, model.config().moe_intermediate_size);
+        let hidden = model.config().hidden_size;
+        let host = model.experts(layer);
         let groups = routing.by_expert();
         let by_id: HashMap<u32, usize> = groups.iter().enumerate().map(|(i, g)| (g.0, i)).collect();
         let t0 = Instant::now();
@@ -132,7 +137,7 @@ impl ExpertRunner for PipelineExperts<'_> {
             let (_, rows, weights) = &groups[by_id[e]];
             let slot = self.links.pool.slot(lease.slot()).ok_or_else(|| err("leased slot missing"))?;
             let bufs = slot.lock().map_err(|_| err("slot lock poisoned"))?;
-            device_expert(be, &bufs, h, rows, weights, out, inter, hidden)?;
+            device_expert(model, &bufs, &host[*e as usize], h, rows, weights, out)?;
         }
         st.device_s += t_dev.elapsed().as_secs_f64();
         for (e, slot_id, rx) in fetches {
@@ -146,7 +151,7 @@ impl ExpertRunner for PipelineExperts<'_> {
             let (_, rows, weights) = &groups[by_id[&e]];
             let slot = self.links.pool.slot(slot_id).ok_or_else(|| err("fetched slot missing"))?;
             let bufs = slot.lock().map_err(|_| err("slot lock poisoned"))?;
-            device_expert(be, &bufs, h, rows, weights, out, inter, hidden)?;
+            device_expert(model, &bufs, &host[e as usize], h, rows, weights, out)?;
             st.device_s += t_dev.elapsed().as_secs_f64();
         }
         if let Some(rx) = cpu_reply {
@@ -194,8 +199,7 @@ impl<'a> StreamingExperts<'a> {
 
 impl ExpertRunner for StreamingExperts<'_> {
     fn run_experts(&mut self, model: &Model, layer: usize, h: &DeviceBuffer, routing: &Routing, out: &mut DeviceBuffer) -> Result<(), ModelError> {
-        let be = model.backend();
-        let (hidden, inter) = (model.config().hidden_size, model.config().moe_intermediate_size);
+        let host = model.experts(layer);
         let idx = self.moe_layers.iter().position(|l| *l == layer).ok_or_else(|| err("not a MoE layer"))?;
         let buffer = idx % 2;
         let job = match self.pending.take() {
@@ -218,7 +222,7 @@ impl ExpertRunner for StreamingExperts<'_> {
             return Err(err(format!("layer buffer {buffer} holds {:?}, expected {layer}", buf.layer)));
         }
         for (e, rows, weights) in routing.by_expert() {
-            device_expert(be, &buf.experts[e as usize], h, &rows, &weights, out, inter, hidden)?;
+            device_expert(model, &buf.experts[e as usize], &host[e as usize], h, &rows, &weights, out)?;
             st.streamed += 1;
         }
         st.device_s += t_dev.elapsed().as_secs_f64();

@@ -50,6 +50,8 @@ pub fn run(a: InfoArgs) -> Result<()> {
             "non_expert_bytes": st.non_expert_bytes, "expert_bytes": st.expert_bytes,
             "bytes_per_token": st.bytes_per_token,
             "kv_bytes_per_token": st.kv_bytes_per_token,
+            "state_bytes_per_sequence": st.state_bytes_per_sequence,
+            "layer_kinds": layer_kinds(cfg).into_iter().map(|(k, n)| (k.to_string(), serde_json::json!(n))).collect::<serde_json::Map<_, _>>(),
             "backend": info.backend,
             "b_p": info.b_p, "b_h": info.b_h, "bandwidth_source": info.bandwidth_source,
             "moe_mode": info.moe_mode, "q_star_for_top_k_misses": q,
@@ -60,13 +62,29 @@ pub fn run(a: InfoArgs) -> Result<()> {
     }
     println!("model            {}", info.model_dir.display());
     println!("architecture     {} ({} layers, {} MoE)", cfg.arch.model_type(), cfg.num_layers, cfg.num_moe_layers());
-    println!("hidden           {}  heads {} / kv {} × {}", cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim);
+    println!("token mixers     {}", layer_kinds(cfg).iter().map(|(k, n)| format!("{n} {k}")).collect::<Vec<_>>().join(", "));
+    match &cfg.mla {
+        Some(m) => println!(
+            "hidden           {}  heads {}, latent attention caching {} latent + {} rotary values per token",
+            cfg.hidden_size, cfg.num_heads, m.kv_lora_rank, m.qk_rope_head_dim
+        ),
+        None => println!("hidden           {}  heads {} / kv {} × {}", cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim),
+    }
+    if let Some(l) = &cfg.linear_attn {
+        println!(
+            "linear attention {} key / {} value heads × {}/{}, conv kernel {}",
+            l.num_k_heads, l.num_v_heads, l.k_head_dim, l.v_head_dim, l.conv_kernel
+        );
+    }
     println!("experts          {} per layer, {} per token ({} in all)", cfg.num_experts, cfg.top_k, st.total_experts);
     println!("parameters       {} total, {} active per token", count(st.total_params), count(st.active_params));
     println!("bytes per expert {}", format_bytes(st.bytes_per_expert));
     println!("weights          {} non-expert (device), {} experts (host pool)", format_bytes(st.non_expert_bytes), format_bytes(st.expert_bytes));
     println!("read per token   {} (decode, batch 1)", format_bytes(st.bytes_per_token));
     println!("KV cache         {} per token; context {}", format_bytes(st.kv_bytes_per_token), info.context);
+    if st.state_bytes_per_sequence > 0 {
+        println!("recurrent state  {} per sequence (linear-attention layers)", format_bytes(st.state_bytes_per_sequence));
+    }
     println!("backend          {}", info.backend);
     println!("bandwidths       B_P {:.2} GB/s host→device, B_H {:.2} GB/s CPU experts ({})", info.b_p / 1e9, info.b_h / 1e9, info.bandwidth_source);
     println!("miss split       {}; q* = {:.2} of {m} misses fetched", info.moe_mode, q);
@@ -86,4 +104,15 @@ pub fn run(a: InfoArgs) -> Result<()> {
         println!("warning          {w}");
     }
     Ok(())
+}
+
+/// How many layers use each token mixer, in a fixed order.
+fn layer_kinds(cfg: &crate::model::ModelConfig) -> Vec<(&'static str, usize)> {
+    use crate::model::config::LayerKind;
+    let full = if cfg.mla.is_some() { "latent-attention" } else { "full-attention" };
+    [(full, LayerKind::FullAttention), ("sliding-window", LayerKind::SlidingAttention), ("linear-attention", LayerKind::LinearAttention)]
+        .into_iter()
+        .map(|(name, k)| (name, cfg.num_layers_of(k)))
+        .filter(|(_, n)| *n > 0)
+        .collect()
 }

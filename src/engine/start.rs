@@ -28,7 +28,7 @@ fn start_err(e: impl std::fmt::Display) -> EngineError {
 
 /// Measures `(b_p, b_h)`: host→device copies of one expert through the backend, and the CPU
 /// executor kernel streaming one expert for a single token. Best of a few repetitions.
-fn measure_bandwidths(be: &dyn Backend, host: &HostExperts, shape: ExpertShape, threads: usize) -> Result<(f64, f64), EngineError> {
+fn measure_bandwidths(be: &dyn Backend, host: &HostExperts, shape: ExpertShape, threads: usize, act: ft_backend::BinaryOp) -> Result<(f64, f64), EngineError> {
     let Some(w) = host.iter().flat_map(|l| l.first()).next() else { return Ok((0.0, 0.0)) };
     let bytes = w.size_bytes() as f64;
     // Enough repetitions to measure a few megabytes even for tiny experts.
@@ -48,7 +48,7 @@ fn measure_bandwidths(be: &dyn Backend, host: &HostExperts, shape: ExpertShape, 
     let mut best_h = f64::INFINITY;
     for _ in 0..reps {
         let t = Instant::now();
-        expert_on_cpu(&cpu_pool, level, w, &x, 1).map_err(EngineError::Start)?;
+        expert_on_cpu(&cpu_pool, level, act, w, &x, 1).map_err(EngineError::Start)?;
         best_h = best_h.min(t.elapsed().as_secs_f64());
     }
     Ok((bytes / best_p.max(1e-9), bytes / best_h.max(1e-9)))
@@ -112,7 +112,8 @@ pub(super) async fn spawn(
         budget: config.vram_budget,
         non_expert_bytes: if cpu_device { 0 } else { st.non_expert_bytes },
         kv: KvReserve { bytes_per_token: st.kv_bytes_per_token, context: context as u64, sequences: config.max_active as u64 },
-        scratch_bytes: 64 << 20,
+        // Recurrent layers keep a fixed-size state per sequence beside the per-token caches.
+        scratch_bytes: (64 << 20) + st.state_bytes_per_sequence * config.max_active as u64,
         expert_bytes: st.bytes_per_expert,
         experts_per_layer: cfg.num_experts as u64,
         moe_layers: cfg.num_moe_layers() as u64,
@@ -139,7 +140,7 @@ pub(super) async fn spawn(
             (b_p, b_h, if configured { "config" } else { "profile" })
         }
         None => {
-            let (mp, mh) = measure_bandwidths(backend.as_ref(), &host, shape, threads)?;
+            let (mp, mh) = measure_bandwidths(backend.as_ref(), &host, shape, threads, cfg.expert_activation.binary_op())?;
             let b_p = config.b_p.unwrap_or(mp);
             let b_h = config.b_h.unwrap_or(mh);
             if let Some(d) = &cache_dir {
@@ -157,7 +158,7 @@ pub(super) async fn spawn(
     let pool = Arc::new(SlotPool::new(backend.clone(), shape, slots as usize).map_err(start_err)?);
     let (cache, _) = Actor::spawn(None, CacheManager, slots).await.map_err(start_err)?;
     let (transfer, _) = Actor::spawn(None, TransferEngine, (backend.clone(), pool.clone(), host.clone())).await.map_err(start_err)?;
-    let (cpu, _) = Actor::spawn(None, CpuExecutors, (threads, host.clone())).await.map_err(start_err)?;
+    let (cpu, _) = Actor::spawn(None, CpuExecutors, (threads, cfg.expert_activation.binary_op(), host.clone())).await.map_err(start_err)?;
     let costs = SplitCosts::new(st.bytes_per_expert, b_p, b_h);
     let (router, _) = Actor::spawn(None, Router, RouterArgs { cache: cache.clone(), mode, costs }).await.map_err(start_err)?;
     let links = PipelineLinks { router: router.clone(), transfer: transfer.clone(), cpu: cpu.clone(), pool: pool.clone() };

@@ -5,7 +5,16 @@
 //! transformers 5's `rope_parameters`), so parsing goes through a tolerant key lookup and
 //! every architecture-specific default is decided here, once.
 
-use serde_json::{Map, Value};
+mod keys;
+mod layers;
+mod rope;
+#[cfg(test)]
+mod tests;
+
+use ft_backend::BinaryOp;
+use keys::Keys;
+use layers::{layer_kinds, linear_attn_config, mla_config, mla_softmax_scale, moe_layer_map};
+use serde_json::Value;
 use std::path::{Path, PathBuf};
 
 /// A problem with `config.json`.
@@ -39,11 +48,22 @@ pub enum Arch {
     Mixtral,
     /// GLM-4.5 MoE (sigmoid routing with correction bias, partial rotary, shared expert).
     Glm4Moe,
+    /// Qwen3-Next: Gated DeltaNet layers between gated full-attention layers, `(1+w)` norms,
+    /// sigmoid-gated shared expert.
+    Qwen3Next,
+    /// Qwen3.5/3.6-MoE: the Qwen3-Next text stack with split DeltaNet projections, usually
+    /// inside a vision-language checkpoint (`model.language_model.*`, config in `text_config`).
+    Qwen35Moe,
+    /// DeepSeek-V3: multi-head latent attention, group-limited sigmoid routing.
+    DeepseekV3,
+    /// gpt-oss: sliding/full attention with sinks, top-k-then-softmax routing, clamped SwiGLU.
+    GptOss,
 }
 
 impl Arch {
     /// `model_type` strings accepted, in the order they are listed to users.
-    pub const SUPPORTED: [&'static str; 4] = ["qwen3_moe", "qwen2_moe", "mixtral", "glm4_moe"];
+    pub const SUPPORTED: [&'static str; 8] =
+        ["qwen3_moe", "qwen2_moe", "mixtral", "glm4_moe", "qwen3_next", "qwen3_5_moe", "deepseek_v3", "gpt_oss"];
 
     /// The architecture for a `model_type`.
     pub fn from_model_type(s: &str) -> Option<Arch> {
@@ -52,6 +72,11 @@ impl Arch {
             "qwen2_moe" => Some(Arch::Qwen2Moe),
             "mixtral" => Some(Arch::Mixtral),
             "glm4_moe" => Some(Arch::Glm4Moe),
+            "qwen3_next" => Some(Arch::Qwen3Next),
+            // The text-only class of a Qwen3.5-MoE checkpoint has its own model_type.
+            "qwen3_5_moe" | "qwen3_5_moe_text" => Some(Arch::Qwen35Moe),
+            "deepseek_v3" => Some(Arch::DeepseekV3),
+            "gpt_oss" => Some(Arch::GptOss),
             _ => None,
         }
     }
@@ -63,7 +88,16 @@ impl Arch {
             Arch::Qwen2Moe => "qwen2_moe",
             Arch::Mixtral => "mixtral",
             Arch::Glm4Moe => "glm4_moe",
+            Arch::Qwen3Next => "qwen3_next",
+            Arch::Qwen35Moe => "qwen3_5_moe",
+            Arch::DeepseekV3 => "deepseek_v3",
+            Arch::GptOss => "gpt_oss",
         }
+    }
+
+    /// Qwen3-Next and Qwen3.5-MoE share everything but the DeltaNet projection layout.
+    pub fn is_qwen3_next_family(self) -> bool {
+        matches!(self, Arch::Qwen3Next | Arch::Qwen35Moe)
     }
 }
 
@@ -75,6 +109,7 @@ pub enum RopeScaling {
     /// Positions divided by `factor` (frequencies scaled by `1/factor`).
     Linear { factor: f32 },
     /// YaRN: blend of interpolated and extrapolated frequencies plus attention scaling.
+    /// `mscale`/`mscale_all_dim` of 0 mean "not set".
     Yarn {
         factor: f32,
         original_max_position: usize,
@@ -108,6 +143,92 @@ pub enum RoutingKind {
     /// Sigmoid scores; top-k on `score + e_score_correction_bias` within the best
     /// `topk_group` of `n_group` groups; weights are the unbiased scores (GLM, DeepSeek-V3).
     SigmoidGroupLimited { n_group: usize, topk_group: usize },
+    /// Top-k of the raw logits, then a softmax over the chosen ones only (gpt-oss).
+    TopKSoftmax,
+}
+
+/// What a decoder layer mixes tokens with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum LayerKind {
+    /// Causal attention over the whole context.
+    FullAttention,
+    /// Causal attention over the last `sliding_window` tokens.
+    SlidingAttention,
+    /// Gated DeltaNet: linear attention with a recurrent state.
+    LinearAttention,
+}
+
+/// Gated DeltaNet dimensions (Qwen3-Next / Qwen3.5 `linear_*` keys).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LinearAttnConfig {
+    /// Query/key heads.
+    pub num_k_heads: usize,
+    /// Value heads (each has its own `[k_head_dim, v_head_dim]` state).
+    pub num_v_heads: usize,
+    /// Query/key head size.
+    pub k_head_dim: usize,
+    /// Value head size.
+    pub v_head_dim: usize,
+    /// Length of the causal short convolution.
+    pub conv_kernel: usize,
+}
+
+impl LinearAttnConfig {
+    /// Channels of the convolution: queries, keys and values.
+    pub fn conv_dim(&self) -> usize {
+        2 * self.num_k_heads * self.k_head_dim + self.num_v_heads * self.v_head_dim
+    }
+    /// Width of all value heads together.
+    pub fn value_dim(&self) -> usize {
+        self.num_v_heads * self.v_head_dim
+    }
+    /// Elements of the recurrent state of one layer.
+    pub fn state_len(&self) -> usize {
+        self.num_v_heads * self.k_head_dim * self.v_head_dim
+    }
+}
+
+/// Multi-head latent attention dimensions (DeepSeek-V2/V3).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MlaConfig {
+    /// Rank of the query compression; `None` means a plain `q_proj`.
+    pub q_lora_rank: Option<usize>,
+    /// Width of the cached key/value latent.
+    pub kv_lora_rank: usize,
+    /// Per-head query/key part without position information.
+    pub qk_nope_head_dim: usize,
+    /// Per-head query/key part carrying RoPE (the key part is shared by all heads).
+    pub qk_rope_head_dim: usize,
+    /// Per-head value size.
+    pub v_head_dim: usize,
+    /// Rotate pairs `(2i, 2i+1)` (the checkpoints' interleaved layout) instead of halves.
+    pub rope_interleave: bool,
+}
+
+impl MlaConfig {
+    /// Elements cached per token and layer: the latent plus the shared rotary key.
+    pub fn cache_width(&self) -> usize {
+        self.kv_lora_rank + self.qk_rope_head_dim
+    }
+}
+
+/// The activation between a routed expert's gate/up and down projections.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum ExpertActivation {
+    /// `silu(gate) · up`.
+    SwiGlu,
+    /// gpt-oss: `min(gate, limit) · sigmoid(alpha · min(gate, limit)) · (clamp(up, ±limit) + 1)`.
+    ClampedSwiGlu { alpha: f32, limit: f32 },
+}
+
+impl ExpertActivation {
+    /// The backend op that applies it as `gate = op(gate, up)`.
+    pub fn binary_op(self) -> BinaryOp {
+        match self {
+            ExpertActivation::SwiGlu => BinaryOp::SwiGlu,
+            ExpertActivation::ClampedSwiGlu { alpha, limit } => BinaryOp::ClampedSwiGlu { alpha, limit },
+        }
+    }
 }
 
 /// Everything the engine needs from `config.json`, with architecture defaults applied.
@@ -125,7 +246,7 @@ pub struct ModelConfig {
     pub num_heads: usize,
     /// Key/value heads.
     pub num_kv_heads: usize,
-    /// Per-head size.
+    /// Per-head size (for MLA: the rotary part, as transformers sets it).
     pub head_dim: usize,
     /// Intermediate size of dense MLP layers.
     pub intermediate_size: usize,
@@ -141,12 +262,20 @@ pub struct ModelConfig {
     pub routed_scaling_factor: f32,
     /// Router scoring.
     pub routing: RoutingKind,
+    /// The router linear has a bias (gpt-oss).
+    pub router_bias: bool,
     /// Intermediate size of the shared expert(s), 0 when there is none.
     pub shared_intermediate_size: usize,
-    /// Whether the shared expert output is gated by `sigmoid(x · w_gate)` (Qwen2-MoE).
+    /// Whether the shared expert output is gated by `sigmoid(x · w_gate)` (Qwen2-MoE, Qwen3-Next).
     pub shared_expert_gated: bool,
+    /// Activation of the routed experts.
+    pub expert_activation: ExpertActivation,
+    /// Routed experts carry biases on gate/up and down (gpt-oss).
+    pub expert_bias: bool,
     /// RMSNorm epsilon.
     pub rms_norm_eps: f32,
+    /// Layer, final and q/k norms multiply by `(1 + w)` (Qwen3-Next family).
+    pub norm_unit_offset: bool,
     /// Rotary embedding.
     pub rope: RopeConfig,
     /// Context length the model was trained for.
@@ -157,69 +286,26 @@ pub struct ModelConfig {
     pub qkv_bias: bool,
     /// Per-head RMSNorm of q and k before RoPE.
     pub qk_norm: bool,
+    /// `q_proj` also yields a per-head output gate: `out · sigmoid(gate)` (Qwen3-Next family).
+    pub attn_output_gate: bool,
+    /// Learned per-head softmax sinks (gpt-oss).
+    pub attention_sinks: bool,
+    /// Softmax scale of attention scores.
+    pub attention_scale: f32,
+    /// Window of sliding-attention layers.
+    pub sliding_window: Option<usize>,
+    /// How each layer mixes tokens.
+    pub layer_kinds: Vec<LayerKind>,
+    /// Gated DeltaNet dimensions, for models with linear-attention layers.
+    pub linear_attn: Option<LinearAttnConfig>,
+    /// Latent attention dimensions, for MLA models.
+    pub mla: Option<MlaConfig>,
     /// Which layers are MoE (true) or dense MLP (false).
     pub moe_layers: Vec<bool>,
     /// Token ids that end generation, from config.json (generation_config.json adds more).
     pub eos_token_ids: Vec<u32>,
     /// Beginning-of-sequence id, if the model has one.
     pub bos_token_id: Option<u32>,
-}
-
-/// Tolerant typed access to a JSON object, with errors naming the file and key.
-struct Keys<'a> {
-    obj: &'a Map<String, Value>,
-    path: &'a Path,
-}
-
-impl<'a> Keys<'a> {
-    fn invalid(&self, key: &str, problem: impl Into<String>) -> ConfigError {
-        ConfigError::Invalid { path: self.path.to_path_buf(), key: key.into(), problem: problem.into() }
-    }
-    /// The first of `keys` that is present and not null.
-    fn find(&self, keys: &[&str]) -> Option<(&'a str, &'a Value)> {
-        keys.iter().find_map(|k| {
-            self.obj.get_key_value(*k).filter(|(_, v)| !v.is_null()).map(|(k, v)| (k.as_str(), v))
-        })
-    }
-    fn usize_opt(&self, keys: &[&str]) -> Result<Option<usize>, ConfigError> {
-        match self.find(keys) {
-            None => Ok(None),
-            Some((k, v)) => v
-                .as_u64()
-                .map(|x| Some(x as usize))
-                .ok_or_else(|| self.invalid(k, format!("must be a non-negative integer, found {v}"))),
-        }
-    }
-    fn usize(&self, keys: &[&str]) -> Result<usize, ConfigError> {
-        self.usize_opt(keys)?
-            .ok_or_else(|| ConfigError::Missing { path: self.path.to_path_buf(), key: keys.join("` or `") })
-    }
-    fn f32_opt(&self, keys: &[&str]) -> Result<Option<f32>, ConfigError> {
-        match self.find(keys) {
-            None => Ok(None),
-            Some((k, v)) => v
-                .as_f64()
-                .map(|x| Some(x as f32))
-                .ok_or_else(|| self.invalid(k, format!("must be a number, found {v}"))),
-        }
-    }
-    fn bool_opt(&self, keys: &[&str]) -> Result<Option<bool>, ConfigError> {
-        match self.find(keys) {
-            None => Ok(None),
-            Some((k, v)) => v.as_bool().map(Some).ok_or_else(|| self.invalid(k, format!("must be true or false, found {v}"))),
-        }
-    }
-    /// An id or list of ids (`eos_token_id` may be either).
-    fn ids(&self, key: &str) -> Result<Vec<u32>, ConfigError> {
-        match self.find(&[key]) {
-            None => Ok(vec![]),
-            Some((_, Value::Array(a))) => a
-                .iter()
-                .map(|v| v.as_u64().map(|x| x as u32).ok_or_else(|| self.invalid(key, "must hold integers")))
-                .collect(),
-            Some((_, v)) => v.as_u64().map(|x| vec![x as u32]).ok_or_else(|| self.invalid(key, "must be an integer or a list")),
-        }
-    }
 }
 
 impl ModelConfig {
@@ -262,32 +348,53 @@ impl ModelConfig {
                 format!("({num_kv_heads}) must divide num_attention_heads ({num_heads})"),
             ));
         }
-        let head_dim = k.usize_opt(&["head_dim"])?.unwrap_or(hidden_size / num_heads);
-        let intermediate_size = k.usize(&["intermediate_size"])?;
+        let mla = match arch {
+            Arch::DeepseekV3 => Some(mla_config(&k)?),
+            _ => None,
+        };
+        // transformers' DeepSeek config sets head_dim to the rotary part; RoPE uses it.
+        let head_dim = match mla {
+            Some(m) => m.qk_rope_head_dim,
+            None => k.usize_opt(&["head_dim"])?.unwrap_or(hidden_size / num_heads),
+        };
+        // Qwen3.5-MoE has no dense FFN and its config no `intermediate_size`.
+        let intermediate_size = match arch {
+            Arch::Qwen35Moe => k.usize_opt(&["intermediate_size"])?.unwrap_or(0),
+            _ => k.usize(&["intermediate_size"])?,
+        };
         let num_experts = k.usize(&["num_experts", "num_local_experts", "n_routed_experts"])?;
         let top_k = k.usize(&["num_experts_per_tok"])?;
         if top_k == 0 || top_k > num_experts {
             return Err(k.invalid("num_experts_per_tok", format!("({top_k}) must be in 1..={num_experts}")));
         }
         let moe_intermediate_size = match arch {
-            Arch::Mixtral => intermediate_size,
+            // Their expert width is the only FFN width they have.
+            Arch::Mixtral | Arch::GptOss => intermediate_size,
             _ => k.usize(&["moe_intermediate_size"])?,
         };
 
         let (norm_topk_prob, routing, shared_intermediate_size, shared_expert_gated) = match arch {
             Arch::Qwen3Moe => (k.bool_opt(&["norm_topk_prob"])?.unwrap_or(false), RoutingKind::SoftmaxTopK, 0, false),
-            Arch::Qwen2Moe => (
-                k.bool_opt(&["norm_topk_prob"])?.unwrap_or(false),
+            Arch::Qwen2Moe | Arch::Qwen3Next => (
+                k.bool_opt(&["norm_topk_prob"])?.unwrap_or(arch == Arch::Qwen3Next),
                 RoutingKind::SoftmaxTopK,
                 k.usize_opt(&["shared_expert_intermediate_size"])?.unwrap_or(0),
                 true,
             ),
+            // Its router always renormalises, whatever the config says.
+            Arch::Qwen35Moe => {
+                (true, RoutingKind::SoftmaxTopK, k.usize_opt(&["shared_expert_intermediate_size"])?.unwrap_or(0), true)
+            }
             Arch::Mixtral => (true, RoutingKind::SoftmaxTopK, 0, false),
-            Arch::Glm4Moe => {
+            Arch::GptOss => (false, RoutingKind::TopKSoftmax, 0, false),
+            Arch::Glm4Moe | Arch::DeepseekV3 => {
                 let n_group = k.usize_opt(&["n_group"])?.unwrap_or(1).max(1);
                 let topk_group = k.usize_opt(&["topk_group"])?.unwrap_or(1).max(1);
                 if num_experts % n_group != 0 || topk_group > n_group {
                     return Err(k.invalid("n_group", format!("{n_group} groups / {topk_group} chosen do not fit {num_experts} experts")));
+                }
+                if n_group > 1 && num_experts / n_group < 2 {
+                    return Err(k.invalid("n_group", format!("groups of {num_experts}/{n_group} experts cannot be scored by their best two")));
                 }
                 let shared = k.usize_opt(&["n_shared_experts"])?.unwrap_or(0) * moe_intermediate_size;
                 (k.bool_opt(&["norm_topk_prob"])?.unwrap_or(true), RoutingKind::SigmoidGroupLimited { n_group, topk_group }, shared, false)
@@ -295,16 +402,38 @@ impl ModelConfig {
         };
 
         let moe_layers = moe_layer_map(arch, &k, num_layers)?;
-        let rope = rope_config(obj, path, head_dim)?;
+        let layer_kinds = layer_kinds(arch, &k, num_layers)?;
+        let linear_attn = if layer_kinds.contains(&LayerKind::LinearAttention) { Some(linear_attn_config(&k)?) } else { None };
+        let sliding_window = match arch {
+            Arch::GptOss => Some(k.usize_opt(&["sliding_window"])?.unwrap_or(128)),
+            _ => None,
+        };
+        if sliding_window == Some(0) {
+            return Err(k.invalid("sliding_window", "must be at least 1"));
+        }
+        let rope = rope::rope_config(obj, path, head_dim)?;
+        let attention_bias = k.bool_opt(&["attention_bias"])?;
         let qkv_bias = match arch {
             Arch::Qwen2Moe => k.bool_opt(&["qkv_bias"])?.unwrap_or(true),
-            Arch::Glm4Moe | Arch::Qwen3Moe => k.bool_opt(&["attention_bias"])?.unwrap_or(false),
+            Arch::GptOss => attention_bias.unwrap_or(true),
             Arch::Mixtral => false,
+            _ => attention_bias.unwrap_or(false),
         };
         let qk_norm = match arch {
-            Arch::Qwen3Moe => true,
+            Arch::Qwen3Moe | Arch::Qwen3Next | Arch::Qwen35Moe => true,
             Arch::Glm4Moe => k.bool_opt(&["use_qk_norm"])?.unwrap_or(false),
             _ => false,
+        };
+        let attention_scale = match mla {
+            Some(m) => mla_softmax_scale(&m, &rope),
+            None => 1.0 / (head_dim as f32).sqrt(),
+        };
+        let expert_activation = match arch {
+            Arch::GptOss => ExpertActivation::ClampedSwiGlu {
+                alpha: k.f32_opt(&["swiglu_alpha"])?.unwrap_or(1.702),
+                limit: k.f32_opt(&["swiglu_limit"])?.unwrap_or(7.0),
+            },
+            _ => ExpertActivation::SwiGlu,
         };
         let mut eos_token_ids = k.ids("eos_token_id")?;
         if eos_token_ids.is_empty() {
@@ -327,9 +456,13 @@ impl ModelConfig {
             norm_topk_prob,
             routed_scaling_factor: k.f32_opt(&["routed_scaling_factor"])?.unwrap_or(1.0),
             routing,
+            router_bias: arch == Arch::GptOss,
             shared_intermediate_size,
             shared_expert_gated,
+            expert_activation,
+            expert_bias: arch == Arch::GptOss,
             rms_norm_eps: k.f32_opt(&["rms_norm_eps"])?.unwrap_or(1e-6),
+            norm_unit_offset: arch.is_qwen3_next_family(),
             rope,
             max_position_embeddings: k.usize_opt(&["max_position_embeddings"])?.unwrap_or(4096),
             tie_word_embeddings: k
@@ -338,6 +471,13 @@ impl ModelConfig {
                 .unwrap_or(false),
             qkv_bias,
             qk_norm,
+            attn_output_gate: arch.is_qwen3_next_family(),
+            attention_sinks: arch == Arch::GptOss,
+            attention_scale,
+            sliding_window,
+            layer_kinds,
+            linear_attn,
+            mla,
             moe_layers,
             eos_token_ids,
             bos_token_id,
@@ -353,166 +493,9 @@ impl ModelConfig {
     pub fn num_moe_layers(&self) -> usize {
         self.moe_layers.iter().filter(|m| **m).count()
     }
-}
 
-/// Which layers are sparse, honouring `mlp_only_layers`, `decoder_sparse_step` and
-/// `first_k_dense_replace`.
-fn moe_layer_map(arch: Arch, k: &Keys, num_layers: usize) -> Result<Vec<bool>, ConfigError> {
-    Ok(match arch {
-        Arch::Qwen3Moe | Arch::Qwen2Moe => {
-            let step = k.usize_opt(&["decoder_sparse_step"])?.unwrap_or(1);
-            let dense: Vec<usize> = match k.find(&["mlp_only_layers"]) {
-                None => vec![],
-                Some((key, Value::Array(a))) => a
-                    .iter()
-                    .map(|v| v.as_u64().map(|x| x as usize).ok_or_else(|| k.invalid(key, "must hold layer indices")))
-                    .collect::<Result<_, _>>()?,
-                Some((key, _)) => return Err(k.invalid(key, "must be a list of layer indices")),
-            };
-            (0..num_layers).map(|i| !dense.contains(&i) && step > 0 && (i + 1) % step == 0).collect()
-        }
-        Arch::Mixtral => vec![true; num_layers],
-        Arch::Glm4Moe => {
-            let first_dense = k.usize_opt(&["first_k_dense_replace"])?.unwrap_or(0);
-            (0..num_layers).map(|i| i >= first_dense).collect()
-        }
-    })
-}
-
-/// Reads RoPE settings from transformers 5's `rope_parameters` or the older top-level
-/// `rope_theta` + `rope_scaling` keys.
-fn rope_config(obj: &Map<String, Value>, path: &Path, head_dim: usize) -> Result<RopeConfig, ConfigError> {
-    let empty = Map::new();
-    let params = match obj.get("rope_parameters") {
-        Some(Value::Object(p)) => p,
-        _ => &empty,
-    };
-    let scaling = match obj.get("rope_scaling") {
-        Some(Value::Object(s)) => s,
-        _ => params,
-    };
-    let p = Keys { obj: params, path };
-    let top = Keys { obj, path };
-    let s = Keys { obj: scaling, path };
-    let theta = p.f32_opt(&["rope_theta"])?.or(top.f32_opt(&["rope_theta"])?).unwrap_or(10000.0);
-    let partial_rotary_factor =
-        p.f32_opt(&["partial_rotary_factor"])?.or(top.f32_opt(&["partial_rotary_factor"])?).unwrap_or(1.0);
-    if !(partial_rotary_factor > 0.0 && partial_rotary_factor <= 1.0) || head_dim == 0 {
-        return Err(top.invalid("partial_rotary_factor", format!("must be in (0, 1], found {partial_rotary_factor}")));
-    }
-    let rope_type = s
-        .find(&["rope_type", "type"])
-        .and_then(|(_, v)| v.as_str())
-        .unwrap_or("default")
-        .to_string();
-    let factor = s.f32_opt(&["factor"])?.unwrap_or(1.0);
-    let original = s
-        .usize_opt(&["original_max_position_embeddings"])?
-        .or(top.usize_opt(&["original_max_position_embeddings"])?);
-    let scaling = match rope_type.as_str() {
-        "default" => RopeScaling::None,
-        "linear" => RopeScaling::Linear { factor },
-        "yarn" => RopeScaling::Yarn {
-            factor,
-            original_max_position: original
-                .or(top.usize_opt(&["max_position_embeddings"])?.map(|m| (m as f32 / factor) as usize))
-                .unwrap_or(4096),
-            beta_fast: s.f32_opt(&["beta_fast"])?.unwrap_or(32.0),
-            beta_slow: s.f32_opt(&["beta_slow"])?.unwrap_or(1.0),
-            mscale: s.f32_opt(&["mscale"])?.unwrap_or(1.0),
-            mscale_all_dim: s.f32_opt(&["mscale_all_dim"])?.unwrap_or(0.0),
-            attention_factor: s.f32_opt(&["attention_factor"])?,
-            truncate: s.bool_opt(&["truncate"])?.unwrap_or(true),
-        },
-        "llama3" => RopeScaling::Llama3 {
-            factor,
-            low_freq_factor: s.f32_opt(&["low_freq_factor"])?.unwrap_or(1.0),
-            high_freq_factor: s.f32_opt(&["high_freq_factor"])?.unwrap_or(4.0),
-            original_max_position: original.unwrap_or(8192),
-        },
-        other => {
-            return Err(ConfigError::Invalid {
-                path: path.into(),
-                key: "rope_type".into(),
-                problem: format!("`{other}` is not supported (supported: default, linear, yarn, llama3)"),
-            })
-        }
-    };
-    Ok(RopeConfig { theta, partial_rotary_factor, scaling })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use serde_json::json;
-
-    fn parse(v: Value) -> Result<ModelConfig, ConfigError> {
-        ModelConfig::from_json(&v, Path::new("config.json"))
-    }
-
-    fn qwen3(extra: Value) -> Value {
-        let mut v = json!({
-            "model_type": "qwen3_moe", "hidden_size": 64, "num_hidden_layers": 4,
-            "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32,
-            "intermediate_size": 128, "moe_intermediate_size": 32, "num_experts": 8,
-            "num_experts_per_tok": 2, "vocab_size": 100
-        });
-        for (k, x) in extra.as_object().unwrap() {
-            v[k] = x.clone();
-        }
-        v
-    }
-
-    #[test]
-    fn older_top_level_rope_keys_are_read() {
-        let c = parse(qwen3(json!({"rope_theta": 1000000.0, "rope_scaling": {"type": "linear", "factor": 2.0}}))).unwrap();
-        assert_eq!(c.rope.theta, 1e6);
-        assert_eq!(c.rope.scaling, RopeScaling::Linear { factor: 2.0 });
-    }
-
-    #[test]
-    fn transformers5_rope_parameters_are_read() {
-        let c = parse(qwen3(json!({"rope_parameters": {"rope_theta": 5e5, "rope_type": "yarn", "factor": 4.0,
-            "original_max_position_embeddings": 1024, "partial_rotary_factor": 0.5}}))).unwrap();
-        assert_eq!(c.rope.theta, 5e5);
-        assert_eq!(c.rotary_dim(), 16);
-        assert!(matches!(c.rope.scaling, RopeScaling::Yarn { factor, original_max_position: 1024, .. } if factor == 4.0));
-    }
-
-    #[test]
-    fn sparse_layer_selection_honours_every_key() {
-        let c = parse(qwen3(json!({"mlp_only_layers": [0], "decoder_sparse_step": 2}))).unwrap();
-        assert_eq!(c.moe_layers, vec![false, true, false, true]);
-        let mut glm = qwen3(json!({"first_k_dense_replace": 2, "n_routed_experts": 8, "routed_scaling_factor": 2.5}));
-        glm["model_type"] = json!("glm4_moe");
-        let c = parse(glm).unwrap();
-        assert_eq!(c.moe_layers, vec![false, false, true, true]);
-        assert_eq!(c.routed_scaling_factor, 2.5);
-        assert!(matches!(c.routing, RoutingKind::SigmoidGroupLimited { n_group: 1, topk_group: 1 }));
-    }
-
-    #[test]
-    fn expert_count_aliases_and_text_config_nesting() {
-        let mut v = qwen3(json!({}));
-        v.as_object_mut().unwrap().remove("num_experts");
-        v["num_local_experts"] = json!(16);
-        let wrapped = json!({"model_type": "qwen3_moe", "text_config": v, "tie_word_embeddings": true});
-        let c = parse(wrapped).unwrap();
-        assert_eq!(c.num_experts, 16);
-        assert!(c.tie_word_embeddings);
-    }
-
-    #[test]
-    fn bad_values_name_the_key() {
-        let e = parse(qwen3(json!({"hidden_size": "big"}))).unwrap_err().to_string();
-        assert!(e.contains("hidden_size") && e.contains("integer"), "{e}");
-        let e = parse(qwen3(json!({"num_experts_per_tok": 9}))).unwrap_err().to_string();
-        assert!(e.contains("num_experts_per_tok"), "{e}");
-        let e = parse(qwen3(json!({"num_key_value_heads": 3}))).unwrap_err().to_string();
-        assert!(e.contains("num_key_value_heads"), "{e}");
-        let e = parse(qwen3(json!({"rope_scaling": {"rope_type": "dynamic-ntk-weird"}}))).unwrap_err().to_string();
-        assert!(e.contains("dynamic-ntk-weird"), "{e}");
-        let e = parse(json!([1, 2])).unwrap_err().to_string();
-        assert!(e.contains("JSON object"), "{e}");
+    /// Number of layers of `kind`.
+    pub fn num_layers_of(&self, kind: LayerKind) -> usize {
+        self.layer_kinds.iter().filter(|k| **k == kind).count()
     }
 }

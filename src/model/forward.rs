@@ -1,14 +1,12 @@
 //! The plain reference forward pass: one layer after another on the backend, experts
 //! straight from host memory. It stays as the oracle the actor pipeline is checked against.
 
+use super::config::ExpertActivation;
 use super::routing::{route, Routing};
-use super::weights::{AttentionWeights, FeedForward, HostMatrix, MoeWeights, Mlp};
+use super::weights::{ExpertWeights, FeedForward, Mixer, MoeWeights, Mlp};
 use super::{Model, ModelError};
-use crate::kv::{LayerState, SequenceState};
-use ft_backend::{
-    AttentionDesc, Backend, BinaryOp, BufferUsage, CopyDesc, DType, DeviceBuffer, MatmulDesc, RmsNormDesc, RopeDesc,
-    StreamId,
-};
+use crate::kv::SequenceState;
+use ft_backend::{Backend, BinaryOp, BufferUsage, DType, DeviceBuffer, HostBytes, MatmulDesc, RmsNormDesc, StreamId};
 
 /// Which logits a forward pass returns.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -65,12 +63,14 @@ impl ExpertRunner for ReferenceExperts {
         let hidden = model.config().hidden_size;
         let experts = model.experts(layer);
         for (expert, rows, weights) in routing.by_expert() {
-            let w = &experts[expert as usize];
-            let import = |m: &HostMatrix| be.import_host(m.bytes.clone(), m.dtype, BufferUsage::ExpertSlot);
-            let bufs = ExpertBuffers { gate: import(&w.gate)?, up: import(&w.up)?, down: import(&w.down)? };
+            let w = experts
+                .get(expert as usize)
+                .ok_or_else(|| ModelError::Invalid(format!("layer {layer} has no expert {expert}")))?;
+            let bufs = ExpertBuffers::import(be, w)?;
+            let extras = ExpertExtras::import(be, w, model.config().expert_activation)?;
             let mut xs = scratch(be, rows.len() * hidden)?;
             be.gather_rows(h, &rows, hidden, &mut xs)?;
-            let y = expert_forward(be, &bufs, &xs, rows.len(), w.gate.rows, hidden)?;
+            let y = expert_forward_with(be, &bufs, &extras, &xs, rows.len(), w.gate.rows, hidden)?;
             be.scatter_add_rows(out, &y, &rows, &weights, hidden)?;
         }
         Ok(())
@@ -87,7 +87,45 @@ pub struct ExpertBuffers {
     pub down: DeviceBuffer,
 }
 
+impl ExpertBuffers {
+    /// Imports a host expert's matrices (zero-copy where the backend reads host memory).
+    pub fn import(be: &dyn Backend, w: &ExpertWeights) -> Result<Self, ModelError> {
+        let m = |h: &super::weights::HostMatrix| be.import_host(h.bytes.clone(), h.dtype, BufferUsage::ExpertSlot);
+        Ok(Self { gate: m(&w.gate)?, up: m(&w.up)?, down: m(&w.down)? })
+    }
+}
+
+/// What an expert computes besides its matrices: the activation between the projections
+/// and, for architectures that have them (gpt-oss), f32 biases on device.
+pub struct ExpertExtras {
+    /// `gate = act(gate, up)`.
+    pub activation: ExpertActivation,
+    /// `[I]` gate bias.
+    pub gate_bias: Option<DeviceBuffer>,
+    /// `[I]` up bias.
+    pub up_bias: Option<DeviceBuffer>,
+    /// `[H]` down bias.
+    pub down_bias: Option<DeviceBuffer>,
+}
+
+impl ExpertExtras {
+    /// Plain SwiGLU without biases (every architecture but gpt-oss).
+    pub const SWIGLU: ExpertExtras =
+        ExpertExtras { activation: ExpertActivation::SwiGlu, gate_bias: None, up_bias: None, down_bias: None };
+
+    /// The model's activation and `w`'s biases, imported (zero-copy where possible).
+    pub fn import(be: &dyn Backend, w: &ExpertWeights, activation: ExpertActivation) -> Result<Self, ModelError> {
+        let b = |h: &HostBytes| be.import_host(h.clone(), DType::F32, BufferUsage::ExpertSlot);
+        let (gate_bias, up_bias, down_bias) = match &w.biases {
+            Some(x) => (Some(b(&x.gate)?), Some(b(&x.up)?), Some(b(&x.down)?)),
+            None => (None, None, None),
+        };
+        Ok(Self { activation, gate_bias, up_bias, down_bias })
+    }
+}
+
 /// `down(silu(gate · x) ⊙ (up · x))` over `n` gathered token rows; returns `[n, hidden]`.
+/// Only for bias-free SwiGLU experts; [`expert_forward_with`] covers every architecture.
 pub fn expert_forward(
     be: &dyn Backend,
     w: &ExpertBuffers,
@@ -96,17 +134,31 @@ pub fn expert_forward(
     inter: usize,
     hidden: usize,
 ) -> Result<DeviceBuffer, ModelError> {
+    expert_forward_with(be, w, &ExpertExtras::SWIGLU, xs, n, inter, hidden)
+}
+
+/// `down(act(gate · x + b_g, up · x + b_u)) + b_d` over `n` gathered token rows; returns
+/// `[n, hidden]`.
+pub fn expert_forward_with(
+    be: &dyn Backend,
+    w: &ExpertBuffers,
+    extras: &ExpertExtras,
+    xs: &DeviceBuffer,
+    n: usize,
+    inter: usize,
+    hidden: usize,
+) -> Result<DeviceBuffer, ModelError> {
     let mut g = scratch(be, n * inter)?;
     let mut u = scratch(be, n * inter)?;
-    be.matmul(xs, &w.gate, None, &mut g, &MatmulDesc::new(n, hidden, inter))?;
-    be.matmul(xs, &w.up, None, &mut u, &MatmulDesc::new(n, hidden, inter))?;
-    be.binary(BinaryOp::SwiGlu, &mut g, &u, n * inter)?;
+    be.matmul(xs, &w.gate, extras.gate_bias.as_ref(), &mut g, &MatmulDesc::new(n, hidden, inter))?;
+    be.matmul(xs, &w.up, extras.up_bias.as_ref(), &mut u, &MatmulDesc::new(n, hidden, inter))?;
+    be.binary(extras.activation.binary_op(), &mut g, &u, n * inter)?;
     let mut y = scratch(be, n * hidden)?;
-    be.matmul(&g, &w.down, None, &mut y, &MatmulDesc::new(n, inter, hidden))?;
+    be.matmul(&g, &w.down, extras.down_bias.as_ref(), &mut y, &MatmulDesc::new(n, inter, hidden))?;
     Ok(y)
 }
 
-fn scratch(be: &dyn Backend, len: usize) -> Result<DeviceBuffer, ModelError> {
+pub(crate) fn scratch(be: &dyn Backend, len: usize) -> Result<DeviceBuffer, ModelError> {
     Ok(be.alloc(DType::F32, len, BufferUsage::Scratch)?)
 }
 
@@ -134,6 +186,9 @@ impl Model {
     }
 
     /// The forward pass with routed experts computed by `experts`.
+    ///
+    /// On error the sequence state is unusable: recurrent layers before the failing one have
+    /// already consumed the tokens. Restore a snapshot (or start over) before reusing it.
     pub fn forward_with(
         &self,
         state: &mut SequenceState,
@@ -148,6 +203,13 @@ impl Model {
         if t == 0 {
             return Err(ModelError::Invalid("forward called with no tokens".into()));
         }
+        if state.layers.len() != self.layers.len() {
+            return Err(ModelError::Invalid(format!(
+                "sequence state has {} layers, the model {}",
+                state.layers.len(),
+                self.layers.len()
+            )));
+        }
         if state.len() + t > state.capacity() {
             return Err(ModelError::ContextOverflow { needed: state.len() + t, capacity: state.capacity() });
         }
@@ -161,10 +223,17 @@ impl Model {
         let mut delta = scratch(be, t * h)?;
         let past = state.len();
         let positions: Vec<u32> = (past..past + t).map(|p| p as u32).collect();
+        let norm = RmsNormDesc { rows: t, dim: h, eps: cfg.rms_norm_eps, unit_offset: cfg.norm_unit_offset };
         for (i, layer) in self.layers.iter().enumerate() {
-            let norm = RmsNormDesc { rows: t, dim: h, eps: cfg.rms_norm_eps, unit_offset: false };
             be.rms_norm(&x, &layer.input_norm, &mut normed, &norm)?;
-            self.attention(&layer.attn, &mut state.layers[i], past, &positions, &normed, &mut delta)?;
+            let layer_state = &mut state.layers[i];
+            match &layer.mixer {
+                Mixer::Attention(w) => {
+                    self.attention(w, cfg.layer_kinds[i], layer_state, past, &positions, &normed, &mut delta)?
+                }
+                Mixer::Mla(w) => self.mla(w, layer_state, past, &positions, &normed, &mut delta)?,
+                Mixer::DeltaNet(w) => self.delta_net(w, layer_state, t, &normed, &mut delta)?,
+            }
             be.binary(BinaryOp::Add, &mut x, &delta, t * h)?;
             be.rms_norm(&x, &layer.post_attention_norm, &mut normed, &norm)?;
             match &layer.ffn {
@@ -191,70 +260,10 @@ impl Model {
         let mut picked = scratch(be, n * h)?;
         be.gather_rows(&x, &rows, h, &mut picked)?;
         let mut final_normed = scratch(be, n * h)?;
-        be.rms_norm(&picked, &self.final_norm, &mut final_normed, &RmsNormDesc { rows: n, dim: h, eps: cfg.rms_norm_eps, unit_offset: false })?;
+        be.rms_norm(&picked, &self.final_norm, &mut final_normed, &RmsNormDesc { rows: n, ..norm })?;
         let mut out = scratch(be, n * cfg.vocab_size)?;
         be.matmul(&final_normed, self.lm_head(), None, &mut out, &MatmulDesc::new(n, h, cfg.vocab_size))?;
         download_f32(be, &out, n * cfg.vocab_size)
-    }
-
-    fn attention(
-        &self,
-        w: &AttentionWeights,
-        layer_state: &mut LayerState,
-        past: usize,
-        positions: &[u32],
-        x: &DeviceBuffer,
-        out: &mut DeviceBuffer,
-    ) -> Result<(), ModelError> {
-        let cfg = self.config();
-        let be = self.backend();
-        let t = positions.len();
-        let (nh, nkv, hd) = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim);
-        let mut q = scratch(be, t * nh * hd)?;
-        let mut k = scratch(be, t * nkv * hd)?;
-        let mut v = scratch(be, t * nkv * hd)?;
-        w.q.forward(be, x, &mut q, t)?;
-        w.k.forward(be, x, &mut k, t)?;
-        w.v.forward(be, x, &mut v, t)?;
-        if let (Some(qn), Some(kn)) = (&w.q_norm, &w.k_norm) {
-            let mut tmp = scratch(be, t * nh * hd)?;
-            be.rms_norm(&q, qn, &mut tmp, &RmsNormDesc { rows: t * nh, dim: hd, eps: cfg.rms_norm_eps, unit_offset: false })?;
-            q = tmp;
-            let mut tmp = scratch(be, t * nkv * hd)?;
-            be.rms_norm(&k, kn, &mut tmp, &RmsNormDesc { rows: t * nkv, dim: hd, eps: cfg.rms_norm_eps, unit_offset: false })?;
-            k = tmp;
-        }
-        let rope = |heads: usize| RopeDesc {
-            n_tokens: t,
-            n_heads: heads,
-            head_stride: hd,
-            row_stride: heads * hd,
-            rot_offset: 0,
-            rotary_dim: self.rotary_dim,
-            interleaved: false,
-            positions: positions.to_vec(),
-            inv_freq: self.inv_freq.clone(),
-            scaling: self.rope_scaling,
-        };
-        be.rope(&mut q, &rope(nh))?;
-        be.rope(&mut k, &rope(nkv))?;
-        let LayerState::Attention { k: kc, v: vc } = layer_state;
-        let span = CopyDesc { src_offset: 0, dst_offset: past * nkv * hd, len: t * nkv * hd };
-        be.copy(StreamId::COMPUTE, &k, kc, &span)?;
-        be.copy(StreamId::COMPUTE, &v, vc, &span)?;
-        let mut attn = scratch(be, t * nh * hd)?;
-        let desc = AttentionDesc {
-            n_tokens: t,
-            n_heads: nh,
-            n_kv_heads: nkv,
-            head_dim: hd,
-            v_head_dim: hd,
-            kv_len: past + t,
-            scale: 1.0 / (hd as f32).sqrt(),
-            window: None,
-        };
-        be.attention(&q, kc, vc, None, &mut attn, &desc)?;
-        w.o.forward(be, &attn, out, t)
     }
 
     fn mlp(&self, w: &Mlp, x: &DeviceBuffer, out: &mut DeviceBuffer, t: usize) -> Result<(), ModelError> {

@@ -1,6 +1,7 @@
 //! Size facts of a loaded model: parameters, bytes per expert and the memory plan.
 
-use super::weights::{FeedForward, Linear, Mlp};
+use super::weights::{DeltaNetProjections, FeedForward, Linear, Mixer, Mlp};
+use ft_backend::DeviceBuffer;
 use super::Model;
 use crate::kv::SequenceState;
 
@@ -24,13 +25,40 @@ pub struct ModelStats {
     pub total_experts: u64,
     /// Bytes of weights read to decode one token (non-expert + top-k experts per layer).
     pub bytes_per_token: u64,
-    /// KV cache bytes per token of context.
+    /// KV (or latent) cache bytes per token of context.
     pub kv_bytes_per_token: u64,
+    /// Fixed-size recurrent state per sequence (linear-attention layers), in bytes.
+    pub state_bytes_per_sequence: u64,
 }
 
 fn linear(l: &Linear) -> (u64, u64) {
-    let p = (l.w.len() + l.bias.as_ref().map_or(0, |b| b.len())) as u64;
-    (p, l.size_bytes() as u64)
+    (l.params() as u64, l.size_bytes() as u64)
+}
+
+fn buffer(b: &DeviceBuffer) -> (u64, u64) {
+    (b.len() as u64, b.size_bytes() as u64)
+}
+
+/// Parameters and bytes of a layer's token mixer.
+fn mixer(m: &Mixer) -> (u64, u64) {
+    let (lin, bufs): (Vec<&Linear>, Vec<&DeviceBuffer>) = match m {
+        Mixer::Attention(a) => (vec![&a.q, &a.k, &a.v, &a.o], [&a.q_norm, &a.k_norm, &a.sinks].into_iter().flatten().collect()),
+        Mixer::Mla(a) => {
+            let mut l = vec![&a.q_b, &a.kv_a, &a.o];
+            l.extend(&a.q_a);
+            let mut b = vec![&a.kv_a_norm, &a.w_uk_t, &a.w_uv];
+            b.extend(&a.q_a_norm);
+            (l, b)
+        }
+        Mixer::DeltaNet(d) => {
+            let l = match &d.proj {
+                DeltaNetProjections::Grouped { qkvz, ba } => vec![qkvz, ba],
+                DeltaNetProjections::Split { qkv, z, b, a } => vec![qkv, z, b, a],
+            };
+            (vec![&d.out].into_iter().chain(l).collect(), vec![&d.conv, &d.a_log, &d.dt_bias, &d.norm])
+        }
+    };
+    lin.into_iter().map(linear).chain(bufs.into_iter().map(buffer)).fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1))
 }
 
 fn mlp(m: &Mlp) -> (u64, u64) {
@@ -52,17 +80,14 @@ pub fn stats(model: &Model) -> ModelStats {
     let (mut per_expert_params, mut per_expert_bytes) = (0u64, 0u64);
     for layer in model.layers() {
         add(&mut dense, ((layer.input_norm.len() + layer.post_attention_norm.len()) as u64, (layer.input_norm.size_bytes() + layer.post_attention_norm.size_bytes()) as u64));
-        let a = &layer.attn;
-        for l in [&a.q, &a.k, &a.v, &a.o] {
-            add(&mut dense, linear(l));
-        }
-        for n in [&a.q_norm, &a.k_norm].into_iter().flatten() {
-            add(&mut dense, (n.len() as u64, n.size_bytes() as u64));
-        }
+        add(&mut dense, mixer(&layer.mixer));
         match &layer.ffn {
             FeedForward::Dense(m) => add(&mut dense, mlp(m)),
             FeedForward::Moe(moe) => {
                 add(&mut dense, linear(&moe.router));
+                if let Some(b) = &moe.params.correction_bias {
+                    add(&mut dense, (b.len() as u64, (b.len() * 4) as u64));
+                }
                 if let Some(s) = &moe.shared {
                     add(&mut dense, mlp(s));
                 }
@@ -70,7 +95,7 @@ pub fn stats(model: &Model) -> ModelStats {
                     add(&mut dense, linear(g));
                 }
                 for e in &moe.experts {
-                    let p = (e.gate.rows * e.gate.cols + e.up.rows * e.up.cols + e.down.rows * e.down.cols) as u64;
+                    let p = e.params() as u64;
                     expert_params += p;
                     expert_bytes += e.size_bytes() as u64;
                     total_experts += 1;
@@ -97,5 +122,6 @@ pub fn stats(model: &Model) -> ModelStats {
         total_experts,
         bytes_per_token: dense.1 - model.embed.size_bytes() as u64 + embed_row_bytes + tied_head + active_expert_bytes,
         kv_bytes_per_token: SequenceState::bytes_per_token(model) as u64,
+        state_bytes_per_sequence: SequenceState::fixed_bytes(model) as u64,
     }
 }

@@ -4,6 +4,8 @@ pub mod config;
 pub mod forward;
 pub mod generation_config;
 pub mod info;
+mod load;
+mod mixer;
 pub mod rope;
 pub mod routing;
 pub mod weights;
@@ -71,16 +73,16 @@ impl Model {
             progress(done, total);
         };
         let (h, v) = (config.hidden_size, config.vocab_size);
+        let prefix = load::weight_prefix(&files);
         let mut loader = Loader { files: &files, backend: backend.as_ref(), on_tensor: &mut on_tensor };
-        let embed = loader.matrix("model.embed_tokens.weight", v, h)?;
-        let layers = (0..config.num_layers).map(|i| loader.layer(&config, i)).collect::<Result<Vec<_>, _>>()?;
-        let final_norm = loader.vector("model.norm.weight", h)?;
+        let embed = loader.matrix(&format!("{prefix}embed_tokens.weight"), v, h)?;
+        let layers = (0..config.num_layers).map(|i| loader.layer(&config, prefix, i)).collect::<Result<Vec<_>, _>>()?;
+        let final_norm = loader.vector(&format!("{prefix}norm.weight"), h)?;
         let lm_head = if config.tie_word_embeddings && !files.contains("lm_head.weight") {
             None
         } else {
             Some(loader.linear("lm_head", v, h, false)?)
         };
-        drop(loader);
         progress(total, total);
         let rotary_dim = config.rotary_dim();
         let (inv_freq, rope_scaling) = rope::inv_freq(&config.rope, rotary_dim);

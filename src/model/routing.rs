@@ -98,8 +98,16 @@ pub fn route(p: &RouterParams, logits: &[f32], n_tokens: usize, n_experts: usize
                 let w = chosen.iter().map(|&i| scores[i]).collect();
                 (chosen, w)
             }
+            RoutingKind::TopKSoftmax => {
+                let chosen = top_indices(row, p.top_k);
+                let max = chosen.first().map_or(0.0, |&i| row[i]);
+                let exp: Vec<f32> = chosen.iter().map(|&i| (row[i] - max).exp()).collect();
+                let sum: f32 = exp.iter().sum();
+                (chosen, exp.into_iter().map(|e| e / sum).collect())
+            }
         };
-        if p.norm_topk_prob {
+        // gpt-oss's weights already sum to one; renormalising would be a no-op at best.
+        if p.norm_topk_prob && p.kind != RoutingKind::TopKSoftmax {
             let eps = if matches!(p.kind, RoutingKind::SigmoidGroupLimited { .. }) { 1e-20 } else { 0.0 };
             let sum: f32 = weights.iter().sum::<f32>() + eps;
             weights.iter_mut().for_each(|w| *w /= sum);
@@ -153,6 +161,31 @@ mod tests {
         let r = route(&p, &logits, 1, 4);
         assert_eq!(r.ids, vec![0, 1]);
         assert!((r.weights.iter().sum::<f32>() - 2.5).abs() < 1e-5);
+    }
+
+    #[test]
+    fn top_k_then_softmax_normalises_over_the_chosen_only() {
+        let logits = [1.0, 3.0, -1.0, 2.0];
+        let r = route(&params(RoutingKind::TopKSoftmax, false), &logits, 1, 4);
+        assert_eq!(r.ids, vec![1, 3]);
+        let e = (-1f32).exp();
+        assert!((r.weights[0] - 1.0 / (1.0 + e)).abs() < 1e-6 && (r.weights[1] - e / (1.0 + e)).abs() < 1e-6);
+    }
+
+    #[test]
+    fn masked_groups_score_zero_like_transformers() {
+        // A negative correction bias can push an allowed expert below the 0.0 that masked
+        // experts get; transformers then picks the masked one, and so must we.
+        let p = RouterParams {
+            kind: RoutingKind::SigmoidGroupLimited { n_group: 2, topk_group: 1 },
+            top_k: 2,
+            norm_topk_prob: false,
+            routed_scaling_factor: 1.0,
+            correction_bias: Some(vec![0.0, -5.0, -0.9, -0.9]),
+        };
+        let logits = [4.0, 0.0, 0.0, 0.0];
+        let r = route(&p, &logits, 1, 4);
+        assert_eq!(r.ids, vec![0, 1]);
     }
 
     #[test]

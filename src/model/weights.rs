@@ -1,16 +1,17 @@
-//! The model's tensors, arranged per layer, and how each architecture names them.
+//! The model's tensors, arranged per layer, and the basic loading helpers.
 //!
 //! Non-expert weights become device buffers; routed experts stay host views
 //! ([`HostMatrix`]) of the mapped files, because the expert pool lives in host RAM and only
-//! the scheduler decides what reaches the device.
+//! the scheduler decides what reaches the device. How each architecture names and lays out
+//! its tensors is in [`super::load`].
 
-use super::config::{Arch, ModelConfig};
 use super::routing::RouterParams;
-use super::weights_file::{TensorRef, WeightFiles, WeightsError};
+use super::weights_file::{TensorRef, WeightFiles};
 use super::ModelError;
 use ft_backend::{Backend, BufferUsage, DType, DeviceBuffer, HostBytes, MatmulDesc};
 
-/// A row-major `[rows, cols]` weight matrix in host memory (a view of a mapped file).
+/// A row-major `[rows, cols]` weight matrix in host memory (a view of a mapped file, or an
+/// owned copy where the checkpoint layout had to be converted).
 #[derive(Clone, Debug)]
 pub struct HostMatrix {
     /// The bytes, `rows * cols * dtype.size()` of them.
@@ -30,7 +31,19 @@ impl HostMatrix {
     }
 }
 
-/// One routed expert: SwiGLU MLP `down(silu(gate x) * up x)`.
+/// The f32 biases of an expert whose projections have them (gpt-oss).
+#[derive(Clone, Debug)]
+pub struct ExpertBiases {
+    /// `[I]`, added to the gate projection.
+    pub gate: HostBytes,
+    /// `[I]`, added to the up projection.
+    pub up: HostBytes,
+    /// `[H]`, added to the down projection.
+    pub down: HostBytes,
+}
+
+/// One routed expert: `down(act(gate x + b_g, up x + b_u)) + b_d`, the activation being the
+/// model's [`super::config::ExpertActivation`] (biases only where [`Self::biases`] is set).
 #[derive(Clone, Debug)]
 pub struct ExpertWeights {
     /// `[I, H]`.
@@ -39,12 +52,22 @@ pub struct ExpertWeights {
     pub up: HostMatrix,
     /// `[H, I]`.
     pub down: HostMatrix,
+    /// Projection biases, if the architecture has them.
+    pub biases: Option<ExpertBiases>,
 }
 
 impl ExpertWeights {
-    /// Bytes of the three matrices.
+    /// Bytes of the three matrices and any biases.
     pub fn size_bytes(&self) -> usize {
-        self.gate.size_bytes() + self.up.size_bytes() + self.down.size_bytes()
+        let b = self.biases.as_ref().map_or(0, |b| b.gate.len() + b.up.len() + b.down.len());
+        self.gate.size_bytes() + self.up.size_bytes() + self.down.size_bytes() + b
+    }
+
+    /// Parameters of the three matrices and any biases.
+    pub fn params(&self) -> usize {
+        let m = |x: &HostMatrix| x.rows * x.cols;
+        let b = self.biases.as_ref().map_or(0, |b| (b.gate.len() + b.up.len() + b.down.len()) / 4);
+        m(&self.gate) + m(&self.up) + m(&self.down) + b
     }
 }
 
@@ -70,11 +93,15 @@ impl Linear {
     pub fn size_bytes(&self) -> usize {
         self.w.size_bytes() + self.bias.as_ref().map_or(0, |b| b.size_bytes())
     }
+    /// Parameters of weights (and bias).
+    pub fn params(&self) -> usize {
+        self.w.len() + self.bias.as_ref().map_or(0, |b| b.len())
+    }
 }
 
-/// Attention projections and optional per-head q/k norms.
+/// Softmax attention projections and their optional extras.
 pub struct AttentionWeights {
-    /// Query projection.
+    /// Query projection (with the Qwen3-Next output gate: `[heads, 2, head_dim]` rows).
     pub q: Linear,
     /// Key projection.
     pub k: Linear,
@@ -86,6 +113,80 @@ pub struct AttentionWeights {
     pub q_norm: Option<DeviceBuffer>,
     /// RMSNorm over each key head.
     pub k_norm: Option<DeviceBuffer>,
+    /// Learned per-head softmax sinks (gpt-oss), f32.
+    pub sinks: Option<DeviceBuffer>,
+}
+
+/// Multi-head latent attention (DeepSeek-V3).
+///
+/// `kv_b_proj` is stored split and rearranged for weight absorption (owned copies made at
+/// load time, together the size of the original): scores are taken against the cached
+/// latent directly, so the cache never holds per-head keys or values.
+pub struct MlaWeights {
+    /// `q_a_proj` (absent when `q_lora_rank` is null).
+    pub q_a: Option<Linear>,
+    /// `q_a_layernorm`.
+    pub q_a_norm: Option<DeviceBuffer>,
+    /// `q_b_proj`, or `q_proj` without a query compression: `[heads · (nope + rope), ·]`.
+    pub q_b: Linear,
+    /// `kv_a_proj_with_mqa`: `[kv_lora + rope, hidden]`, latent rows first.
+    pub kv_a: Linear,
+    /// `kv_a_layernorm` over the latent.
+    pub kv_a_norm: DeviceBuffer,
+    /// Key up-projection, transposed per head: `[heads, kv_lora, nope]`.
+    pub w_uk_t: DeviceBuffer,
+    /// Value up-projection per head: `[heads, v_head_dim, kv_lora]`.
+    pub w_uv: DeviceBuffer,
+    /// Output projection `[hidden, heads · v_head_dim]`.
+    pub o: Linear,
+}
+
+/// How a Gated DeltaNet layer's input projections are stored.
+pub enum DeltaNetProjections {
+    /// Qwen3-Next: `in_proj_qkvz` and `in_proj_ba`, grouped per key head.
+    Grouped {
+        /// `[Hk · (2·dk + 2·(Hv/Hk)·dv), hidden]`.
+        qkvz: Linear,
+        /// `[Hk · 2·(Hv/Hk), hidden]`.
+        ba: Linear,
+    },
+    /// Qwen3.5: separate `in_proj_qkv`, `in_proj_z`, `in_proj_b`, `in_proj_a`.
+    Split {
+        /// `[2·Hk·dk + Hv·dv, hidden]`.
+        qkv: Linear,
+        /// `[Hv·dv, hidden]`.
+        z: Linear,
+        /// `[Hv, hidden]`.
+        b: Linear,
+        /// `[Hv, hidden]`.
+        a: Linear,
+    },
+}
+
+/// A Gated DeltaNet (linear attention) layer.
+pub struct DeltaNetWeights {
+    /// Input projections.
+    pub proj: DeltaNetProjections,
+    /// Depthwise causal convolution filters `[conv_dim, kernel]`.
+    pub conv: DeviceBuffer,
+    /// `A_log [Hv]`, f32.
+    pub a_log: DeviceBuffer,
+    /// `dt_bias [Hv]`, f32.
+    pub dt_bias: DeviceBuffer,
+    /// Gated RMSNorm weight `[dv]` (plain `w`, not `1 + w`).
+    pub norm: DeviceBuffer,
+    /// `out_proj [hidden, Hv·dv]`.
+    pub out: Linear,
+}
+
+/// What a layer mixes tokens with.
+pub enum Mixer {
+    /// Softmax attention over a KV cache (full or sliding window, optionally gated).
+    Attention(AttentionWeights),
+    /// Multi-head latent attention over a latent cache.
+    Mla(MlaWeights),
+    /// Gated DeltaNet over a recurrent state.
+    DeltaNet(DeltaNetWeights),
 }
 
 /// A dense SwiGLU MLP on the device.
@@ -100,7 +201,7 @@ pub struct Mlp {
 
 /// A sparse MoE block.
 pub struct MoeWeights {
-    /// Router `[E, H]`.
+    /// Router `[E, H]` (with a bias for gpt-oss).
     pub router: Linear,
     /// Scoring rule, including the selection-only bias of sigmoid routers.
     pub params: RouterParams,
@@ -108,7 +209,7 @@ pub struct MoeWeights {
     pub experts: Vec<ExpertWeights>,
     /// Always-active shared expert.
     pub shared: Option<Mlp>,
-    /// `[1, H]` gate of the shared expert (Qwen2-MoE).
+    /// `[1, H]` sigmoid gate of the shared expert (Qwen2-MoE, Qwen3-Next).
     pub shared_gate: Option<Linear>,
 }
 
@@ -122,12 +223,12 @@ pub enum FeedForward {
 
 /// One decoder layer.
 pub struct LayerWeights {
-    /// RMSNorm before attention.
+    /// RMSNorm before the token mixer.
     pub input_norm: DeviceBuffer,
     /// RMSNorm before the feed-forward.
     pub post_attention_norm: DeviceBuffer,
-    /// Self-attention.
-    pub attn: AttentionWeights,
+    /// Attention, latent attention or linear attention.
+    pub mixer: Mixer,
     /// MLP or MoE.
     pub ffn: FeedForward,
 }
@@ -143,7 +244,7 @@ pub struct Loader<'a> {
 }
 
 impl Loader<'_> {
-    fn tensor(&mut self, name: &str, shape: &[usize]) -> Result<TensorRef, ModelError> {
+    pub(super) fn tensor(&mut self, name: &str, shape: &[usize]) -> Result<TensorRef, ModelError> {
         (self.on_tensor)(name);
         Ok(self.files.get_shaped(name, shape)?)
     }
@@ -165,10 +266,15 @@ impl Loader<'_> {
         Ok(self.tensor(name, &[len])?.to_f32())
     }
 
-    fn f32_buffer(&self, v: &[f32]) -> Result<DeviceBuffer, ModelError> {
+    pub(super) fn f32_buffer(&self, v: &[f32]) -> Result<DeviceBuffer, ModelError> {
         let mut buf = self.backend.alloc(DType::F32, v.len(), BufferUsage::Weights)?;
         self.backend.upload(ft_backend::StreamId::COMPUTE, bytemuck::cast_slice(v), &mut buf, 0)?;
         Ok(buf)
+    }
+
+    /// A device weight made from converted host bytes the model owns from now on.
+    pub(super) fn owned(&self, bytes: Vec<u8>, dtype: DType) -> Result<DeviceBuffer, ModelError> {
+        Ok(self.backend.import_host(HostBytes::from_vec(bytes), dtype, BufferUsage::Weights)?)
     }
 
     /// A linear layer `prefix.weight` (+ `prefix.bias` when `bias`).
@@ -178,7 +284,7 @@ impl Loader<'_> {
         Ok(Linear { w, bias, out_dim, in_dim })
     }
 
-    fn host_matrix(&mut self, name: &str, rows: usize, cols: usize) -> Result<HostMatrix, ModelError> {
+    pub(super) fn host_matrix(&mut self, name: &str, rows: usize, cols: usize) -> Result<HostMatrix, ModelError> {
         let t = self.tensor(name, &[rows, cols])?;
         Ok(HostMatrix { bytes: t.bytes, dtype: t.dtype, rows, cols })
     }
@@ -189,100 +295,6 @@ impl Loader<'_> {
             gate: self.linear(&format!("{prefix}.gate_proj"), inter, hidden, false)?,
             up: self.linear(&format!("{prefix}.up_proj"), inter, hidden, false)?,
             down: self.linear(&format!("{prefix}.down_proj"), hidden, inter, false)?,
-        })
-    }
-
-    /// Routed experts, in the per-expert hub layout or the fused 3-D layout
-    /// (`experts.gate_up_proj [E, 2I, H]` + `experts.down_proj [E, H, I]`).
-    pub fn experts(&mut self, prefix: &str, arch: Arch, n: usize, hidden: usize, inter: usize) -> Result<Vec<ExpertWeights>, ModelError> {
-        let fused = format!("{prefix}.gate_up_proj");
-        if self.files.contains(&fused) {
-            let gu = self.tensor(&fused, &[n, 2 * inter, hidden])?;
-            let down = self.tensor(&format!("{prefix}.down_proj"), &[n, hidden, inter])?;
-            let (es, m) = (gu.dtype.size(), inter * hidden);
-            let view = |t: &TensorRef, off: usize, rows: usize, cols: usize| -> Result<HostMatrix, ModelError> {
-                let bytes = t.bytes.slice(off * es, rows * cols * t.dtype.size()).ok_or_else(|| {
-                    WeightsError::Shape { name: t.name.clone(), found: t.shape.clone(), expected: vec![n, rows, cols] }
-                })?;
-                Ok(HostMatrix { bytes, dtype: t.dtype, rows, cols })
-            };
-            return (0..n)
-                .map(|e| {
-                    Ok(ExpertWeights {
-                        gate: view(&gu, e * 2 * m, inter, hidden)?,
-                        up: view(&gu, e * 2 * m + m, inter, hidden)?,
-                        down: view(&down, e * m, hidden, inter)?,
-                    })
-                })
-                .collect();
-        }
-        let (g, u, d) = match arch {
-            Arch::Mixtral => ("w1", "w3", "w2"),
-            _ => ("gate_proj", "up_proj", "down_proj"),
-        };
-        (0..n)
-            .map(|e| {
-                Ok(ExpertWeights {
-                    gate: self.host_matrix(&format!("{prefix}.{e}.{g}.weight"), inter, hidden)?,
-                    up: self.host_matrix(&format!("{prefix}.{e}.{u}.weight"), inter, hidden)?,
-                    down: self.host_matrix(&format!("{prefix}.{e}.{d}.weight"), hidden, inter)?,
-                })
-            })
-            .collect()
-    }
-
-    /// One decoder layer of `cfg`'s architecture.
-    pub fn layer(&mut self, cfg: &ModelConfig, i: usize) -> Result<LayerWeights, ModelError> {
-        let p = format!("model.layers.{i}");
-        let (h, hd) = (cfg.hidden_size, cfg.head_dim);
-        let attn = AttentionWeights {
-            q: self.linear(&format!("{p}.self_attn.q_proj"), cfg.num_heads * hd, h, cfg.qkv_bias)?,
-            k: self.linear(&format!("{p}.self_attn.k_proj"), cfg.num_kv_heads * hd, h, cfg.qkv_bias)?,
-            v: self.linear(&format!("{p}.self_attn.v_proj"), cfg.num_kv_heads * hd, h, cfg.qkv_bias)?,
-            o: {
-                let has_bias = self.files.contains(&format!("{p}.self_attn.o_proj.bias"));
-                self.linear(&format!("{p}.self_attn.o_proj"), h, cfg.num_heads * hd, has_bias)?
-            },
-            q_norm: if cfg.qk_norm { Some(self.vector(&format!("{p}.self_attn.q_norm.weight"), hd)?) } else { None },
-            k_norm: if cfg.qk_norm { Some(self.vector(&format!("{p}.self_attn.k_norm.weight"), hd)?) } else { None },
-        };
-        let ffn = if cfg.moe_layers[i] {
-            let m = if cfg.arch == Arch::Mixtral { format!("{p}.block_sparse_moe") } else { format!("{p}.mlp") };
-            let correction_bias = match cfg.arch {
-                Arch::Glm4Moe => Some(self.host_vector(&format!("{m}.gate.e_score_correction_bias"), cfg.num_experts)?),
-                _ => None,
-            };
-            let (shared, shared_gate) = match cfg.arch {
-                Arch::Qwen2Moe if cfg.shared_intermediate_size > 0 => (
-                    Some(self.mlp(&format!("{m}.shared_expert"), h, cfg.shared_intermediate_size)?),
-                    Some(self.linear(&format!("{m}.shared_expert_gate"), 1, h, false)?),
-                ),
-                Arch::Glm4Moe if cfg.shared_intermediate_size > 0 => {
-                    (Some(self.mlp(&format!("{m}.shared_experts"), h, cfg.shared_intermediate_size)?), None)
-                }
-                _ => (None, None),
-            };
-            FeedForward::Moe(MoeWeights {
-                router: self.linear(&format!("{m}.gate"), cfg.num_experts, h, false)?,
-                params: RouterParams {
-                    kind: cfg.routing,
-                    top_k: cfg.top_k,
-                    norm_topk_prob: cfg.norm_topk_prob,
-                    routed_scaling_factor: cfg.routed_scaling_factor,
-                    correction_bias,
-                },
-                experts: self.experts(&format!("{m}.experts"), cfg.arch, cfg.num_experts, h, cfg.moe_intermediate_size)?,
-                shared,
-                shared_gate,
-            })
-        } else {
-            FeedForward::Dense(self.mlp(&format!("{p}.mlp"), h, cfg.intermediate_size)?)
-        };
-        Ok(LayerWeights {
-            input_norm: self.vector(&format!("{p}.input_layernorm.weight"), h)?,
-            post_attention_norm: self.vector(&format!("{p}.post_attention_layernorm.weight"), h)?,
-            attn,
-            ffn,
         })
     }
 }

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{json, Map, Value};
 
-use super::{Arch, ShapeSpec, SynthDtype, SynthError, SynthOptions, SynthPlan};
+use super::{Arch, ArchSpec, ShapeSpec, SynthDtype, SynthError, SynthOptions, SynthPlan, YarnSpec};
 
 /// The test tokenizer shipped with every synthetic checkpoint. Its ids are far below the
 /// real vocab sizes; embedding rows past them are simply never looked up.
@@ -219,9 +219,150 @@ fn config_json(s: &ShapeSpec, dtype: SynthDtype) -> Value {
             "eos_token_id": [EOS_ID, BOS_ID],
             "pad_token_id": BOS_ID,
         }),
+        Arch::Qwen3Next | Arch::Qwen35Moe => hybrid_json(s),
+        Arch::DeepseekV3 => match s.spec {
+            ArchSpec::Mla(m) => json!({
+                "attention_bias": false,
+                "first_k_dense_replace": s.first_dense_layers,
+                "kv_lora_rank": m.kv_lora_rank,
+                "moe_intermediate_size": s.moe_intermediate,
+                "moe_layer_freq": 1,
+                "n_group": m.n_group,
+                "n_routed_experts": s.experts,
+                "n_shared_experts": if s.shared_intermediate > 0 { 1 } else { 0 },
+                "norm_topk_prob": s.norm_topk_prob,
+                // The real checkpoint ships one multi-token-prediction layer; none is
+                // synthesised, so the config must not announce it.
+                "num_nextn_predict_layers": 0,
+                "q_lora_rank": m.q_lora_rank,
+                "qk_nope_head_dim": m.qk_nope_head_dim,
+                "qk_rope_head_dim": m.qk_rope_head_dim,
+                "rope_scaling": yarn_json(&m.yarn),
+                "routed_scaling_factor": m.routed_scaling_factor,
+                "scoring_func": "sigmoid",
+                "topk_group": m.topk_group,
+                "topk_method": "noaux_tc",
+                "v_head_dim": m.v_head_dim,
+            }),
+            _ => json!({}),
+        },
+        Arch::GptOss => match s.spec {
+            ArchSpec::GptOss(g) => json!({
+                "attention_bias": true,
+                "experts_per_token": s.top_k,
+                "head_dim": s.head_dim,
+                "initial_context_length": g.yarn.original_max_position,
+                "layer_types": (0..s.layers)
+                    .map(|i| if i.is_multiple_of(2) { "sliding_attention" } else { "full_attention" })
+                    .collect::<Vec<_>>(),
+                "num_local_experts": s.experts,
+                "output_router_logits": false,
+                "rope_scaling": yarn_json(&g.yarn),
+                "router_aux_loss_coef": 0.9,
+                "sliding_window": g.sliding_window,
+                "swiglu_limit": g.swiglu_limit,
+            }),
+            _ => json!({}),
+        },
     };
     if let (Some(base), Value::Object(extra)) = (c.as_object_mut(), extra) {
         base.extend(extra);
     }
+    if s.arch == Arch::Qwen35Moe {
+        return vl_wrapper(c, s, dtype);
+    }
     c
+}
+
+/// A `rope_scaling` block of type YaRN.
+fn yarn_json(y: &YarnSpec) -> Value {
+    let mut v = json!({
+        "rope_type": "yarn",
+        "factor": y.factor,
+        "original_max_position_embeddings": y.original_max_position,
+        "beta_fast": y.beta_fast,
+        "beta_slow": y.beta_slow,
+    });
+    if let Some((m, all)) = y.mscale {
+        v["mscale"] = json!(m);
+        v["mscale_all_dim"] = json!(all);
+    }
+    if let Some(t) = y.truncate {
+        v["truncate"] = json!(t);
+    }
+    v
+}
+
+/// The Qwen3-Next family's keys (also the text config of Qwen3.5-MoE).
+fn hybrid_json(s: &ShapeSpec) -> Value {
+    let ArchSpec::Hybrid(l) = s.spec else {
+        return json!({});
+    };
+    let interval = l.full_attention_interval.max(1);
+    let layer_types: Vec<&str> = (0..s.layers)
+        .map(|i| {
+            if (i + 1).is_multiple_of(interval) {
+                "full_attention"
+            } else {
+                "linear_attention"
+            }
+        })
+        .collect();
+    json!({
+        "attention_bias": false,
+        "decoder_sparse_step": 1,
+        "full_attention_interval": interval,
+        "head_dim": s.head_dim,
+        "layer_types": layer_types,
+        "linear_conv_kernel_dim": l.conv_kernel,
+        "linear_key_head_dim": l.k_head_dim,
+        "linear_num_key_heads": l.k_heads,
+        "linear_num_value_heads": l.v_heads,
+        "linear_value_head_dim": l.v_head_dim,
+        "mlp_only_layers": [],
+        "moe_intermediate_size": s.moe_intermediate,
+        "norm_topk_prob": s.norm_topk_prob,
+        "num_experts": s.experts,
+        "output_router_logits": false,
+        "partial_rotary_factor": l.partial_rotary,
+        "router_aux_loss_coef": 0.001,
+        "shared_expert_intermediate_size": s.shared_intermediate,
+    })
+}
+
+/// Qwen3.5-MoE checkpoints are vision-language models: the text settings live under
+/// `text_config` (with `rope_parameters`, as the release writes them) and the top level
+/// names the wrapper. No `vision_config` is written; there is no vision tower to describe.
+fn vl_wrapper(mut text: Value, s: &ShapeSpec, dtype: SynthDtype) -> Value {
+    let partial = match s.spec {
+        ArchSpec::Hybrid(l) => l.partial_rotary,
+        _ => 1.0,
+    };
+    if let Some(t) = text.as_object_mut() {
+        t.insert("model_type".into(), json!("qwen3_5_moe_text"));
+        // The release's text config has neither (no dense FFN, no sparse step).
+        t.remove("intermediate_size");
+        t.remove("decoder_sparse_step");
+        t.remove("architectures");
+        t.remove("rope_theta");
+        t.remove("partial_rotary_factor");
+        t.insert(
+            "rope_parameters".into(),
+            json!({
+                "rope_type": "default",
+                "rope_theta": s.rope_theta,
+                "partial_rotary_factor": partial,
+                "mrope_interleaved": true,
+                "mrope_section": [11, 11, 10],
+            }),
+        );
+    }
+    json!({
+        "architectures": [s.arch.architecture()],
+        "model_type": s.arch.model_type(),
+        "text_config": text,
+        "tie_word_embeddings": false,
+        "torch_dtype": dtype.torch_name(),
+        "transformers_version": s.transformers_version,
+    })
 }

@@ -1,8 +1,14 @@
 //! The real model shapes `synth` can imitate, and the list of tensors each one has.
 //!
 //! Values are those of the published Hugging Face `config.json` files; tensor names and
-//! layouts are the original hub layout (per-expert weights, row-major `[out, in]`), as
-//! transformers' modeling files name them.
+//! layouts are the original hub layout (per-expert weights, row-major `[out, in]`; gpt-oss's
+//! fused expert tensors), as transformers' modeling files name them.
+
+mod plan;
+mod table;
+
+pub use plan::tensor_plan;
+use table::SHAPES;
 
 use super::{SynthDtype, SynthError};
 
@@ -18,6 +24,19 @@ pub enum Arch {
     /// `glm4_moe`: sigmoid routing with `e_score_correction_bias`, shared experts, dense
     /// first layers, attention bias, partial rotary.
     Glm4Moe,
+    /// `qwen3_next`: Gated DeltaNet layers (fused `in_proj_qkvz`/`in_proj_ba`) between gated
+    /// full-attention layers, sigmoid-gated shared expert.
+    Qwen3Next,
+    /// `qwen3_5_moe`: the Qwen3-Next stack with split DeltaNet projections, saved as a
+    /// vision-language checkpoint (`model.language_model.*`, config under `text_config`);
+    /// the vision tower is not synthesised.
+    Qwen35Moe,
+    /// `deepseek_v3`: multi-head latent attention, group-limited sigmoid routing, shared
+    /// expert, dense first layers, YaRN.
+    DeepseekV3,
+    /// `gpt_oss`: attention with biases and sinks, alternating sliding windows, fused
+    /// interleaved experts with biases, YaRN.
+    GptOss,
 }
 
 impl Arch {
@@ -28,6 +47,10 @@ impl Arch {
             Arch::Qwen2Moe => "qwen2_moe",
             Arch::Mixtral => "mixtral",
             Arch::Glm4Moe => "glm4_moe",
+            Arch::Qwen3Next => "qwen3_next",
+            Arch::Qwen35Moe => "qwen3_5_moe",
+            Arch::DeepseekV3 => "deepseek_v3",
+            Arch::GptOss => "gpt_oss",
         }
     }
 
@@ -38,14 +61,110 @@ impl Arch {
             Arch::Qwen2Moe => "Qwen2MoeForCausalLM",
             Arch::Mixtral => "MixtralForCausalLM",
             Arch::Glm4Moe => "Glm4MoeForCausalLM",
+            Arch::Qwen3Next => "Qwen3NextForCausalLM",
+            Arch::Qwen35Moe => "Qwen3_5MoeForConditionalGeneration",
+            Arch::DeepseekV3 => "DeepseekV3ForCausalLM",
+            Arch::GptOss => "GptOssForCausalLM",
         }
     }
 
-    /// Whether the real `config.json` carries `head_dim` (otherwise it is
-    /// `hidden_size / num_attention_heads`).
+    /// Whether the head size is independent of `hidden_size` (the real `config.json`
+    /// carries `head_dim`, or, for MLA, the per-head sizes are their own keys); otherwise it
+    /// is `hidden_size / num_attention_heads`.
     pub fn head_dim_in_config(self) -> bool {
-        matches!(self, Arch::Qwen3Moe | Arch::Glm4Moe)
+        !matches!(self, Arch::Qwen2Moe | Arch::Mixtral)
     }
+
+    /// Where the text model's tensors are named from.
+    pub fn weight_prefix(self) -> &'static str {
+        match self {
+            Arch::Qwen35Moe => "model.language_model.",
+            _ => "model.",
+        }
+    }
+}
+
+/// YaRN settings of a `rope_scaling` block.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct YarnSpec {
+    /// Context extension factor.
+    pub factor: f64,
+    /// Context length before extension.
+    pub original_max_position: usize,
+    /// `beta_fast`.
+    pub beta_fast: f64,
+    /// `beta_slow`.
+    pub beta_slow: f64,
+    /// `mscale` and `mscale_all_dim` (DeepSeek), written only when set.
+    pub mscale: Option<(f64, f64)>,
+    /// `truncate` (gpt-oss writes false), written only when set.
+    pub truncate: Option<bool>,
+}
+
+/// Gated DeltaNet settings of the Qwen3-Next family.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct HybridSpec {
+    /// `linear_num_key_heads`.
+    pub k_heads: usize,
+    /// `linear_num_value_heads`.
+    pub v_heads: usize,
+    /// `linear_key_head_dim`.
+    pub k_head_dim: usize,
+    /// `linear_value_head_dim`.
+    pub v_head_dim: usize,
+    /// `linear_conv_kernel_dim`.
+    pub conv_kernel: usize,
+    /// Every this many layers one is full attention, the rest linear.
+    pub full_attention_interval: usize,
+    /// `partial_rotary_factor` of the full-attention layers.
+    pub partial_rotary: f64,
+}
+
+/// Multi-head latent attention and routing settings of DeepSeek-V3.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct MlaSpec {
+    /// `q_lora_rank` (`None`: a plain `q_proj`).
+    pub q_lora_rank: Option<usize>,
+    /// `kv_lora_rank`.
+    pub kv_lora_rank: usize,
+    /// `qk_nope_head_dim`.
+    pub qk_nope_head_dim: usize,
+    /// `qk_rope_head_dim`.
+    pub qk_rope_head_dim: usize,
+    /// `v_head_dim`.
+    pub v_head_dim: usize,
+    /// `n_group`.
+    pub n_group: usize,
+    /// `topk_group`.
+    pub topk_group: usize,
+    /// `routed_scaling_factor`.
+    pub routed_scaling_factor: f64,
+    /// RoPE scaling.
+    pub yarn: YarnSpec,
+}
+
+/// gpt-oss settings.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct GptOssSpec {
+    /// Window of the sliding-attention layers (every other layer, starting with layer 0).
+    pub sliding_window: usize,
+    /// `swiglu_limit`.
+    pub swiglu_limit: f64,
+    /// RoPE scaling.
+    pub yarn: YarnSpec,
+}
+
+/// Family-specific settings beyond the common dimensions.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum ArchSpec {
+    /// Nothing beyond the common fields.
+    Plain,
+    /// Qwen3-Next / Qwen3.5-MoE.
+    Hybrid(HybridSpec),
+    /// DeepSeek-V3.
+    Mla(MlaSpec),
+    /// gpt-oss.
+    GptOss(GptOssSpec),
 }
 
 /// Dimensions of one known model (or of a scaled-down variant after overrides).
@@ -97,145 +216,14 @@ pub struct ShapeSpec {
     pub max_window_layers: usize,
     /// `transformers_version` the real config was written with.
     pub transformers_version: &'static str,
+    /// Family-specific settings.
+    pub spec: ArchSpec,
 }
 
 /// The shapes `synth` knows, with the values of their hub `config.json`.
 pub fn known_shapes() -> &'static [ShapeSpec] {
     &SHAPES
 }
-
-static SHAPES: [ShapeSpec; 5] = [
-    ShapeSpec {
-        name: "qwen3-30b-a3b",
-        aliases: &["qwen3-30b-a3b-instruct-2507", "qwen3-30b-a3b-thinking-2507"],
-        arch: Arch::Qwen3Moe,
-        hidden: 2048,
-        layers: 48,
-        heads: 32,
-        kv_heads: 4,
-        head_dim: 128,
-        experts: 128,
-        top_k: 8,
-        moe_intermediate: 768,
-        intermediate: 6144,
-        shared_intermediate: 0,
-        first_dense_layers: 0,
-        vocab: 151936,
-        max_position_embeddings: 40960,
-        rope_theta: 1_000_000.0,
-        rms_norm_eps: 1e-6,
-        norm_topk_prob: true,
-        qkv_bias: false,
-        qk_norm: true,
-        max_window_layers: 48,
-        transformers_version: "4.51.0",
-    },
-    ShapeSpec {
-        name: "qwen3-235b-a22b",
-        aliases: &[
-            "qwen3-235b-a22b-instruct-2507",
-            "qwen3-235b-a22b-thinking-2507",
-        ],
-        arch: Arch::Qwen3Moe,
-        hidden: 4096,
-        layers: 94,
-        heads: 64,
-        kv_heads: 4,
-        head_dim: 128,
-        experts: 128,
-        top_k: 8,
-        moe_intermediate: 1536,
-        intermediate: 12288,
-        shared_intermediate: 0,
-        first_dense_layers: 0,
-        vocab: 151936,
-        max_position_embeddings: 40960,
-        rope_theta: 1_000_000.0,
-        rms_norm_eps: 1e-6,
-        norm_topk_prob: true,
-        qkv_bias: false,
-        qk_norm: true,
-        max_window_layers: 94,
-        transformers_version: "4.51.0",
-    },
-    ShapeSpec {
-        name: "qwen2-57b-a14b",
-        aliases: &["qwen2-57b-a14b-instruct"],
-        arch: Arch::Qwen2Moe,
-        hidden: 3584,
-        layers: 28,
-        heads: 28,
-        kv_heads: 4,
-        head_dim: 128,
-        experts: 64,
-        top_k: 8,
-        moe_intermediate: 2560,
-        intermediate: 18944,
-        shared_intermediate: 20480,
-        first_dense_layers: 0,
-        vocab: 151936,
-        // Assumption: the base model's config value (the instruct card quotes 65536 usable).
-        max_position_embeddings: 131072,
-        rope_theta: 1_000_000.0,
-        rms_norm_eps: 1e-6,
-        norm_topk_prob: false,
-        qkv_bias: true,
-        qk_norm: false,
-        max_window_layers: 28,
-        transformers_version: "4.40.1",
-    },
-    ShapeSpec {
-        name: "mixtral-8x7b",
-        aliases: &["mixtral-8x7b-v0.1", "mixtral-8x7b-instruct-v0.1"],
-        arch: Arch::Mixtral,
-        hidden: 4096,
-        layers: 32,
-        heads: 32,
-        kv_heads: 8,
-        head_dim: 128,
-        experts: 8,
-        top_k: 2,
-        moe_intermediate: 14336,
-        intermediate: 14336,
-        shared_intermediate: 0,
-        first_dense_layers: 0,
-        vocab: 32000,
-        max_position_embeddings: 32768,
-        rope_theta: 1_000_000.0,
-        rms_norm_eps: 1e-5,
-        norm_topk_prob: true,
-        qkv_bias: false,
-        qk_norm: false,
-        max_window_layers: 0,
-        transformers_version: "4.36.0.dev0",
-    },
-    ShapeSpec {
-        name: "glm-4.5-air",
-        aliases: &["glm4.5-air", "glm-4.5-air-base"],
-        arch: Arch::Glm4Moe,
-        hidden: 4096,
-        layers: 46,
-        heads: 96,
-        kv_heads: 8,
-        head_dim: 128,
-        experts: 128,
-        top_k: 8,
-        moe_intermediate: 1408,
-        intermediate: 10944,
-        // One shared expert of moe_intermediate_size (n_shared_experts = 1).
-        shared_intermediate: 1408,
-        first_dense_layers: 1,
-        vocab: 151552,
-        max_position_embeddings: 131072,
-        rope_theta: 1_000_000.0,
-        rms_norm_eps: 1e-5,
-        norm_topk_prob: true,
-        qkv_bias: true,
-        qk_norm: false,
-        max_window_layers: 0,
-        transformers_version: "4.54.0",
-    },
-];
 
 /// Looks a shape up by name (case-insensitive, `org/` prefix ignored, aliases accepted).
 pub fn find_shape(like: &str) -> Result<&'static ShapeSpec, SynthError> {
@@ -271,6 +259,12 @@ const NORM: Init = Init {
 };
 /// Biases and GLM's routing correction bias: small, non-zero.
 const BIAS: Init = Init {
+    mean: 0.0,
+    std: 0.02,
+};
+
+/// `(1 + w)` RMSNorm weights (Qwen3-Next family) hover around 0.
+const ZERO_NORM: Init = Init {
     mean: 0.0,
     std: 0.02,
 };
@@ -311,176 +305,6 @@ impl TensorPlan {
     pub fn nbytes(&self) -> u64 {
         self.numel() * self.dtype.size() as u64
     }
-}
-
-/// Collects tensors in module order (embeddings, layer by layer, final norm, head).
-struct Builder {
-    dtype: SynthDtype,
-    out: Vec<TensorPlan>,
-}
-
-impl Builder {
-    fn add(&mut self, name: String, shape: &[usize], init: Init) {
-        self.add_as(name, shape, init, self.dtype, TensorKind::Dense);
-    }
-
-    fn add_as(
-        &mut self,
-        name: String,
-        shape: &[usize],
-        init: Init,
-        dtype: SynthDtype,
-        kind: TensorKind,
-    ) {
-        self.out.push(TensorPlan {
-            name,
-            shape: shape.to_vec(),
-            dtype,
-            init,
-            kind,
-        });
-    }
-
-    /// A SwiGLU MLP with HF's `gate_proj/up_proj/down_proj` names.
-    fn mlp(&mut self, prefix: &str, hidden: usize, inter: usize, kind: TensorKind) {
-        let dt = self.dtype;
-        self.add_as(
-            format!("{prefix}.gate_proj.weight"),
-            &[inter, hidden],
-            WEIGHT,
-            dt,
-            kind,
-        );
-        self.add_as(
-            format!("{prefix}.up_proj.weight"),
-            &[inter, hidden],
-            WEIGHT,
-            dt,
-            kind,
-        );
-        self.add_as(
-            format!("{prefix}.down_proj.weight"),
-            &[hidden, inter],
-            WEIGHT,
-            dt,
-            kind,
-        );
-    }
-}
-
-/// Every tensor of `shape` (after overrides) in the hub naming, in module order.
-pub fn tensor_plan(shape: &ShapeSpec, dtype: SynthDtype) -> Vec<TensorPlan> {
-    let s = shape;
-    let h = s.hidden;
-    let q_out = s.heads * s.head_dim;
-    let kv_out = s.kv_heads * s.head_dim;
-    // Router logits get unit-ish spread whatever the hidden size, so routing varies
-    // across tokens instead of collapsing on a few experts.
-    let router = Init {
-        mean: 0.0,
-        std: 1.0 / (h as f32).sqrt(),
-    };
-    let mut b = Builder {
-        dtype,
-        out: Vec::new(),
-    };
-
-    let embed = "model.embed_tokens.weight".to_string();
-    b.add_as(embed, &[s.vocab, h], WEIGHT, dtype, TensorKind::Embedding);
-    for i in 0..s.layers {
-        let p = format!("model.layers.{i}");
-        b.add(format!("{p}.input_layernorm.weight"), &[h], NORM);
-        for (proj, out) in [("q_proj", q_out), ("k_proj", kv_out), ("v_proj", kv_out)] {
-            b.add(format!("{p}.self_attn.{proj}.weight"), &[out, h], WEIGHT);
-            if s.qkv_bias {
-                b.add(format!("{p}.self_attn.{proj}.bias"), &[out], BIAS);
-            }
-        }
-        b.add(format!("{p}.self_attn.o_proj.weight"), &[h, q_out], WEIGHT);
-        if s.qk_norm {
-            b.add(format!("{p}.self_attn.q_norm.weight"), &[s.head_dim], NORM);
-            b.add(format!("{p}.self_attn.k_norm.weight"), &[s.head_dim], NORM);
-        }
-        b.add(format!("{p}.post_attention_layernorm.weight"), &[h], NORM);
-
-        if i < s.first_dense_layers {
-            b.mlp(&format!("{p}.mlp"), h, s.intermediate, TensorKind::Dense);
-            continue;
-        }
-        match s.arch {
-            Arch::Mixtral => {
-                let m = format!("{p}.block_sparse_moe");
-                b.add(format!("{m}.gate.weight"), &[s.experts, h], router);
-                let (dt, inter) = (dtype, s.moe_intermediate);
-                for e in 0..s.experts {
-                    // w1 = gate, w2 = down, w3 = up.
-                    let x = format!("{m}.experts.{e}");
-                    b.add_as(
-                        format!("{x}.w1.weight"),
-                        &[inter, h],
-                        WEIGHT,
-                        dt,
-                        TensorKind::RoutedExpert,
-                    );
-                    b.add_as(
-                        format!("{x}.w2.weight"),
-                        &[h, inter],
-                        WEIGHT,
-                        dt,
-                        TensorKind::RoutedExpert,
-                    );
-                    b.add_as(
-                        format!("{x}.w3.weight"),
-                        &[inter, h],
-                        WEIGHT,
-                        dt,
-                        TensorKind::RoutedExpert,
-                    );
-                }
-            }
-            Arch::Qwen3Moe | Arch::Qwen2Moe | Arch::Glm4Moe => {
-                let m = format!("{p}.mlp");
-                b.add(format!("{m}.gate.weight"), &[s.experts, h], router);
-                if s.arch == Arch::Glm4Moe {
-                    // Kept in float32 as in the released checkpoints: it only shifts the
-                    // top-k choice and bf16 would quantise the small offsets away.
-                    let name = format!("{m}.gate.e_score_correction_bias");
-                    b.add_as(name, &[s.experts], BIAS, SynthDtype::F32, TensorKind::Dense);
-                }
-                for e in 0..s.experts {
-                    b.mlp(
-                        &format!("{m}.experts.{e}"),
-                        h,
-                        s.moe_intermediate,
-                        TensorKind::RoutedExpert,
-                    );
-                }
-                match s.arch {
-                    Arch::Qwen2Moe if s.shared_intermediate > 0 => {
-                        b.mlp(
-                            &format!("{m}.shared_expert"),
-                            h,
-                            s.shared_intermediate,
-                            TensorKind::Dense,
-                        );
-                        b.add(format!("{m}.shared_expert_gate.weight"), &[1, h], WEIGHT);
-                    }
-                    Arch::Glm4Moe if s.shared_intermediate > 0 => {
-                        b.mlp(
-                            &format!("{m}.shared_experts"),
-                            h,
-                            s.shared_intermediate,
-                            TensorKind::Dense,
-                        );
-                    }
-                    _ => {}
-                }
-            }
-        }
-    }
-    b.add("model.norm.weight".into(), &[h], NORM);
-    b.add("lm_head.weight".into(), &[s.vocab, h], WEIGHT);
-    b.out
 }
 
 /// Total parameters, and parameters read per token: every dense weight (including

@@ -28,6 +28,8 @@
 //! | binary `MulSigmoid`, `SwiGlu`, `ClampedSwiGlu` | `1e-5 · |ref| + 1e-6` |
 //! | softmax | `1e-5 · |ref| + 1e-6` |
 //! | scatter_add_rows | `1e-6 · (|acc| + Σ |scale·x|)` (fused or separate multiply-add both pass) |
+//! | causal_conv1d | `1e-5 · |ref| + 1e-6`; the carried state exactly |
+//! | gated_delta_rule | `1e-4 · |ref| + 1e-5` for outputs and state (a recurrence over up to 33 steps; chunked forms must stay within it) |
 //! | top_k, gather_rows, copy, upload, download, import | exact |
 //!
 //! Set `FT_CONFORMANCE_VERBOSE=1` (and run the tests with `--nocapture`) to print, for each
@@ -35,11 +37,13 @@
 
 mod cases;
 mod memory;
+mod recurrent;
 
 pub use cases::{
     attention, binary, gather_rows, matmul, rms_norm, rope, scale, scatter_add_rows, softmax, top_k,
 };
 pub use memory::{copy_upload_download, errors, import_host, memory, streams_events};
+pub use recurrent::{causal_conv1d, gated_delta_rule};
 
 use crate::dtype::{from_f32_slice, to_f32_vec};
 use crate::{Backend, BufferUsage, DType, DeviceBuffer, Op, StreamId};
@@ -64,6 +68,10 @@ pub const EXP_RTOL: f32 = 1e-5;
 pub const SMALL_ATOL: f32 = 1e-6;
 /// scatter_add_rows bound relative to `|acc| + Σ|scale·x|`.
 pub const SCATTER_RTOL: f32 = 1e-6;
+/// Gated delta rule relative bound (plus [`DELTA_RULE_ATOL`]).
+pub const DELTA_RULE_RTOL: f32 = 1e-4;
+/// Gated delta rule absolute bound.
+pub const DELTA_RULE_ATOL: f32 = 1e-5;
 
 /// What a conformance test gets from its backend constructor.
 pub trait IntoTestBackend {
@@ -125,6 +133,10 @@ macro_rules! conformance_suite {
         $crate::__conformance_test!(softmax, $make, softmax);
         $crate::__conformance_test!(top_k, $make, top_k);
         $crate::__conformance_test!(scatter_add_rows, $make, scatter_add_rows);
+        $crate::__conformance_test!(causal_conv1d_f32, $make, causal_conv1d, $crate::DType::F32);
+        $crate::__conformance_test!(causal_conv1d_bf16, $make, causal_conv1d, $crate::DType::BF16);
+        $crate::__conformance_test!(causal_conv1d_f16, $make, causal_conv1d, $crate::DType::F16);
+        $crate::__conformance_test!(gated_delta_rule, $make, gated_delta_rule);
         $crate::__conformance_test!(copy_upload_download, $make, copy_upload_download);
         $crate::__conformance_test!(import_host, $make, import_host);
         $crate::__conformance_test!(streams_events, $make, streams_events);

@@ -148,4 +148,34 @@ pub trait Backend: Send + Sync {
         scales: &[f32],
         cols: usize,
     ) -> Result<()>;
+
+    // --- recurrent layers (Gated DeltaNet) ---------------------------------------------------
+    // These have default bodies that report the op as unsupported, so a backend that does not
+    // run hybrid models yet still builds; `supports` must then answer false for them.
+
+    /// Depthwise causal convolution continuing from `state`, which it updates (see
+    /// [`ConvDesc`]).
+    fn causal_conv1d(
+        &self,
+        x: &DeviceBuffer,
+        w: &DeviceBuffer,
+        state: &mut DeviceBuffer,
+        out: &mut DeviceBuffer,
+        desc: &ConvDesc,
+    ) -> Result<()> {
+        let _ = (x, state, out, desc);
+        Err(BackendError::Unsupported { backend: self.kind().to_string(), op: Op::CausalConv1d, dtype: w.dtype() })
+    }
+    /// The gated delta rule over `desc.n_tokens` steps, continuing from `state`, which it
+    /// updates; writes one output row per step and value head (see [`DeltaRuleDesc`]).
+    fn gated_delta_rule(
+        &self,
+        inputs: &DeltaRuleInputs<'_>,
+        state: &mut DeviceBuffer,
+        out: &mut DeviceBuffer,
+        desc: &DeltaRuleDesc,
+    ) -> Result<()> {
+        let _ = (inputs, state, out, desc);
+        Err(BackendError::Unsupported { backend: self.kind().to_string(), op: Op::GatedDeltaRule, dtype: DType::F32 })
+    }
 }

@@ -25,11 +25,15 @@ pub enum Op {
     ScatterAddRows,
     /// [`crate::Backend::copy`], upload and download.
     Copy,
+    /// [`crate::Backend::causal_conv1d`]; the dtype is the weight dtype.
+    CausalConv1d,
+    /// [`crate::Backend::gated_delta_rule`].
+    GatedDeltaRule,
 }
 
 impl Op {
     /// All ops, for listing what a backend supports.
-    pub const ALL: [Op; 11] = [
+    pub const ALL: [Op; 13] = [
         Op::Matmul,
         Op::RmsNorm,
         Op::Rope,
@@ -41,6 +45,8 @@ impl Op {
         Op::GatherRows,
         Op::ScatterAddRows,
         Op::Copy,
+        Op::CausalConv1d,
+        Op::GatedDeltaRule,
     ];
 }
 
@@ -87,6 +93,17 @@ impl BinaryOp {
 #[inline]
 pub fn sigmoid(x: f32) -> f32 {
     1.0 / (1.0 + (-x).exp())
+}
+
+/// `ln(1 + eˣ)`, returning `x` itself above 20 as PyTorch's `softplus` does (the two agree
+/// to f32 precision there, and `eˣ` would overflow soon after).
+#[inline]
+pub fn softplus(x: f32) -> f32 {
+    if x > 20.0 {
+        x
+    } else {
+        x.exp().ln_1p()
+    }
 }
 
 /// `out[n, m] = x[n, k] · w[m, k]ᵀ (+ bias)`, all offsets in elements of each buffer.
@@ -197,4 +214,74 @@ pub struct TopK {
     pub indices: Vec<u32>,
     /// The values at those columns.
     pub values: Vec<f32>,
+}
+
+/// Depthwise causal 1-D convolution over time, continuing from carried state (the short
+/// convolution in front of Gated DeltaNet and Mamba-style layers).
+///
+/// Layouts: `x[n_tokens, channels]` and `out[n_tokens, channels]` (f32), `w[channels, kernel]`
+/// (the checkpoint's `conv1d.weight [C, 1, K]`), `state[kernel - 1, channels]` (f32, oldest
+/// row first). With `u` the rows of `state` followed by the rows of `x`,
+/// `out[t, c] = act(Σ_{j<kernel} w[c, j] · u[t + j, c])`, `act` being SiLU or the identity;
+/// afterwards `state` holds the last `kernel - 1` rows of `u`. A zero state is a sequence start.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ConvDesc {
+    /// New time steps.
+    pub n_tokens: usize,
+    /// Channels (each has its own filter).
+    pub channels: usize,
+    /// Filter length (at least 1).
+    pub kernel: usize,
+    /// Apply SiLU to the output.
+    pub silu: bool,
+}
+
+/// The gated delta rule of Gated DeltaNet, run over `n_tokens` steps from a carried state.
+///
+/// Layouts (all f32): `qkv[n_tokens, 2·n_k_heads·k_head_dim + n_v_heads·v_head_dim]` (all
+/// query heads, then all key heads, then all value heads), `beta_logits` and `decay_in`
+/// `[n_tokens, n_v_heads]`, `a_log` and `dt_bias` `[n_v_heads]`, `state[n_v_heads, k_head_dim,
+/// v_head_dim]`, `out[n_tokens, n_v_heads, v_head_dim]`. Value head `h` reads key/query head
+/// `h / (n_v_heads / n_k_heads)`. Per step and value head, with `q`, `k` L2-normalised
+/// (`x / √(Σx² + l2norm_eps)`) and `q` then multiplied by `scale`:
+///
+/// ```text
+/// β = sigmoid(beta_logits)            g = −exp(a_log) · softplus(decay_in + dt_bias)
+/// S ← S · exp(g)                      δ = β · (v − Sᵀk)
+/// S ← S + k ⊗ δ                       out = Sᵀq
+/// ```
+///
+/// A chunked evaluation is allowed as long as it agrees with this recurrence to float
+/// precision; running the steps in one call or split over several gives the same result.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct DeltaRuleDesc {
+    /// Steps (tokens).
+    pub n_tokens: usize,
+    /// Query/key heads.
+    pub n_k_heads: usize,
+    /// Value heads (a multiple of `n_k_heads`), each with its own state.
+    pub n_v_heads: usize,
+    /// Query/key head size.
+    pub k_head_dim: usize,
+    /// Value head size.
+    pub v_head_dim: usize,
+    /// Added to `Σx²` in the L2 normalisation of `q` and `k`.
+    pub l2norm_eps: f32,
+    /// Multiplies the normalised query (usually `1/√k_head_dim`).
+    pub scale: f32,
+}
+
+/// The read-only inputs of [`crate::Backend::gated_delta_rule`] (see [`DeltaRuleDesc`]).
+#[derive(Clone, Copy, Debug)]
+pub struct DeltaRuleInputs<'a> {
+    /// Convolved query/key/value rows.
+    pub qkv: &'a crate::DeviceBuffer,
+    /// Logits of the write strength β (`b`), per token and value head.
+    pub beta_logits: &'a crate::DeviceBuffer,
+    /// Input of the decay gate (`a`), per token and value head.
+    pub decay_in: &'a crate::DeviceBuffer,
+    /// `A_log`, per value head.
+    pub a_log: &'a crate::DeviceBuffer,
+    /// `dt_bias`, per value head.
+    pub dt_bias: &'a crate::DeviceBuffer,
 }

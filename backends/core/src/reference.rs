@@ -3,7 +3,7 @@
 //! They define the semantics of the trait: written for clarity (f64 accumulation where it
 //! costs nothing), never for speed. The conformance suite compares backends against them.
 
-use crate::ops::{AttentionDesc, BinaryOp, RmsNormDesc, RopeDesc, TopK};
+use crate::ops::{sigmoid, softplus, AttentionDesc, BinaryOp, ConvDesc, DeltaRuleDesc, RmsNormDesc, RopeDesc, TopK};
 
 /// `x[n, k] · w[m, k]ᵀ + bias[m]`.
 pub fn matmul(x: &[f32], w: &[f32], bias: Option<&[f32]>, n: usize, k: usize, m: usize) -> Vec<f32> {
@@ -129,4 +129,78 @@ pub fn scatter_add_rows(acc: &mut [f32], x: &[f32], rows: &[u32], scales: &[f32]
             acc[r as usize * cols + c] += s * x[i * cols + c];
         }
     }
+}
+
+/// Depthwise causal convolution from carried state; returns the output and updates `state`.
+pub fn causal_conv1d(x: &[f32], w: &[f32], state: &mut [f32], d: &ConvDesc) -> Vec<f32> {
+    let (c, k) = (d.channels, d.kernel);
+    let hist = k - 1;
+    // u = state rows followed by x rows.
+    let u = |r: usize, ch: usize| if r < hist { state[r * c + ch] } else { x[(r - hist) * c + ch] };
+    let mut out = vec![0f32; d.n_tokens * c];
+    for t in 0..d.n_tokens {
+        for ch in 0..c {
+            let acc: f64 = (0..k).map(|j| w[ch * k + j] as f64 * u(t + j, ch) as f64).sum();
+            let y = acc as f32;
+            out[t * c + ch] = if d.silu { y * sigmoid(y) } else { y };
+        }
+    }
+    let new: Vec<f32> = (0..hist).flat_map(|r| (0..c).map(move |ch| (r, ch))).map(|(r, ch)| u(d.n_tokens + r, ch)).collect();
+    state[..hist * c].copy_from_slice(&new);
+    out
+}
+
+/// The gated delta rule; returns `[n_tokens, n_v_heads, v_head_dim]` and updates `state`.
+#[allow(clippy::too_many_arguments)]
+pub fn gated_delta_rule(
+    qkv: &[f32],
+    beta_logits: &[f32],
+    decay_in: &[f32],
+    a_log: &[f32],
+    dt_bias: &[f32],
+    state: &mut [f32],
+    d: &DeltaRuleDesc,
+) -> Vec<f32> {
+    let (hk, hv, dk, dv) = (d.n_k_heads, d.n_v_heads, d.k_head_dim, d.v_head_dim);
+    let row = 2 * hk * dk + hv * dv;
+    let group = hv / hk;
+    let mut out = vec![0f32; d.n_tokens * hv * dv];
+    let l2 = |x: &[f32], scale: f64| -> Vec<f64> {
+        let ss: f64 = x.iter().map(|v| *v as f64 * *v as f64).sum();
+        let inv = 1.0 / (ss + d.l2norm_eps as f64).sqrt();
+        x.iter().map(|v| *v as f64 * inv * scale).collect()
+    };
+    for t in 0..d.n_tokens {
+        let r = &qkv[t * row..(t + 1) * row];
+        for h in 0..hv {
+            let kh = h / group;
+            let q = l2(&r[kh * dk..(kh + 1) * dk], d.scale as f64);
+            let k = l2(&r[hk * dk + kh * dk..hk * dk + (kh + 1) * dk], 1.0);
+            let v = &r[2 * hk * dk + h * dv..2 * hk * dk + (h + 1) * dv];
+            let beta = sigmoid(beta_logits[t * hv + h]) as f64;
+            let g = -(a_log[h] as f64).exp() * softplus(decay_in[t * hv + h] + dt_bias[h]) as f64;
+            let s = &mut state[h * dk * dv..(h + 1) * dk * dv];
+            let decay = g.exp();
+            let mut mem = vec![0f64; dv];
+            for i in 0..dk {
+                for j in 0..dv {
+                    let x = s[i * dv + j] as f64 * decay;
+                    s[i * dv + j] = x as f32;
+                    mem[j] += k[i] * x;
+                }
+            }
+            let delta: Vec<f64> = (0..dv).map(|j| (v[j] as f64 - mem[j]) * beta).collect();
+            let o = &mut out[(t * hv + h) * dv..(t * hv + h + 1) * dv];
+            let mut acc = vec![0f64; dv];
+            for i in 0..dk {
+                for j in 0..dv {
+                    let x = s[i * dv + j] as f64 + k[i] * delta[j];
+                    s[i * dv + j] = x as f32;
+                    acc[j] += q[i] * x;
+                }
+            }
+            o.iter_mut().zip(acc).for_each(|(o, a)| *o = a as f32);
+        }
+    }
+    out
 }

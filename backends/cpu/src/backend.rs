@@ -4,9 +4,9 @@ use crate::kernels::{self, attention::KvCache, need};
 use crate::storage::{bytes, bytes_mut, expect_dtype, f32s, f32s_mut, range, CpuStorage, Owned};
 use crate::{cpu_model, CpuBackend};
 use ft_backend::{
-    AttentionDesc, Backend, BackendError, BackendKind, BinaryOp, BufferUsage, CopyDesc, DType,
-    DeviceBuffer, EventId, HostBytes, MatmulDesc, MemoryInfo, Op, Result, RmsNormDesc, RopeDesc,
-    StreamId, TopK,
+    AttentionDesc, Backend, BackendError, BackendKind, BinaryOp, BufferUsage, ConvDesc, CopyDesc,
+    DType, DeltaRuleDesc, DeltaRuleInputs, DeviceBuffer, EventId, HostBytes, MatmulDesc,
+    MemoryInfo, Op, Result, RmsNormDesc, RopeDesc, StreamId, TopK,
 };
 use rayon::prelude::*;
 use std::any::Any;
@@ -56,10 +56,19 @@ impl Backend for CpuBackend {
     fn supports(&self, op: Op, dtype: DType) -> bool {
         match op {
             // The dtype of these is a weight, table, cache or copied buffer's: all widen exactly.
-            Op::Matmul | Op::RmsNorm | Op::Attention | Op::GatherRows | Op::Copy => true,
-            Op::Rope | Op::Binary | Op::Scale | Op::Softmax | Op::TopK | Op::ScatterAddRows => {
-                dtype == DType::F32
-            }
+            Op::Matmul
+            | Op::RmsNorm
+            | Op::Attention
+            | Op::GatherRows
+            | Op::Copy
+            | Op::CausalConv1d => true,
+            Op::Rope
+            | Op::Binary
+            | Op::Scale
+            | Op::Softmax
+            | Op::TopK
+            | Op::ScatterAddRows
+            | Op::GatedDeltaRule => dtype == DType::F32,
         }
     }
 
@@ -365,6 +374,50 @@ impl Backend for CpuBackend {
         let len = acc.len();
         let a = f32s_mut(acc, 0, len, "scatter acc")?;
         kernels::scatter_add_rows(self.simd, a, &xs, rows, scales, cols)
+    }
+
+    fn causal_conv1d(
+        &self,
+        x: &DeviceBuffer,
+        w: &DeviceBuffer,
+        state: &mut DeviceBuffer,
+        out: &mut DeviceBuffer,
+        desc: &ConvDesc,
+    ) -> Result<()> {
+        let len = need(desc.n_tokens, desc.channels, "conv")?;
+        let taps = need(desc.channels, desc.kernel, "conv filter")?;
+        let xs = f32s(x, 0, len, "conv x")?;
+        let wb = range(bytes(w, "conv w")?, 0, taps, w.dtype().size(), "conv w")?;
+        let mut wf = vec![0f32; taps];
+        kernels::decode_row(self.simd, wb, w.dtype(), &mut wf)?;
+        let hist = need(desc.kernel.saturating_sub(1), desc.channels, "conv state")?;
+        let st = f32s_mut(state, 0, hist, "conv state")?;
+        let o = f32s_mut(out, 0, len, "conv out")?;
+        kernels::causal_conv1d(&self.pool, &xs, &wf, st, o, desc)
+    }
+
+    fn gated_delta_rule(
+        &self,
+        inputs: &DeltaRuleInputs<'_>,
+        state: &mut DeviceBuffer,
+        out: &mut DeviceBuffer,
+        desc: &DeltaRuleDesc,
+    ) -> Result<()> {
+        fn all<'a>(b: &'a DeviceBuffer, what: &'static str) -> Result<std::borrow::Cow<'a, [f32]>> {
+            f32s(b, 0, b.len(), what)
+        }
+        let qkv = all(inputs.qkv, "delta rule qkv")?;
+        let beta = all(inputs.beta_logits, "delta rule beta")?;
+        let decay = all(inputs.decay_in, "delta rule decay")?;
+        let a_log = all(inputs.a_log, "delta rule a_log")?;
+        let dt_bias = all(inputs.dt_bias, "delta rule dt_bias")?;
+        let len = state.len();
+        let st = f32s_mut(state, 0, len, "delta rule state")?;
+        let len = out.len();
+        let o = f32s_mut(out, 0, len, "delta rule out")?;
+        kernels::gated_delta_rule(
+            &self.pool, &qkv, &beta, &decay, &a_log, &dt_bias, st, o, desc,
+        )
     }
 }
 

@@ -1,0 +1,96 @@
+//! Softmax attention over a KV cache: GQA, optional biases, q/k norms, partial rotary,
+//! sliding windows with learned sinks (gpt-oss) and the per-head output gate of Qwen3-Next.
+
+use super::gather_units;
+use crate::kv::LayerState;
+use crate::model::config::LayerKind;
+use crate::model::forward::scratch;
+use crate::model::weights::AttentionWeights;
+use crate::model::{Model, ModelError};
+use ft_backend::{AttentionDesc, BinaryOp, CopyDesc, DeviceBuffer, RmsNormDesc, RopeDesc, StreamId};
+
+impl Model {
+    /// The rotary embedding of `heads` heads of `head_stride` values per token, rotating
+    /// `rotary_dim` values from `rot_offset` inside each head.
+    pub(crate) fn rope_desc(&self, positions: &[u32], heads: usize, head_stride: usize, rot_offset: usize, interleaved: bool) -> RopeDesc {
+        RopeDesc {
+            n_tokens: positions.len(),
+            n_heads: heads,
+            head_stride,
+            row_stride: heads * head_stride,
+            rot_offset,
+            rotary_dim: self.rotary_dim,
+            interleaved,
+            positions: positions.to_vec(),
+            inv_freq: self.inv_freq.clone(),
+            scaling: self.rope_scaling,
+        }
+    }
+
+    /// Attention of the new tokens (normed input `x`, `[t, hidden]`) into `out`.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn attention(
+        &self,
+        w: &AttentionWeights,
+        kind: LayerKind,
+        layer_state: &mut LayerState,
+        past: usize,
+        positions: &[u32],
+        x: &DeviceBuffer,
+        out: &mut DeviceBuffer,
+    ) -> Result<(), ModelError> {
+        let cfg = self.config();
+        let be = self.backend();
+        let t = positions.len();
+        let (nh, nkv, hd) = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim);
+        let (mut q, gate) = if cfg.attn_output_gate {
+            // q_proj rows are [head][query | gate], each head_dim wide: split them apart.
+            let mut qg = scratch(be, t * nh * 2 * hd)?;
+            w.q.forward(be, x, &mut qg, t)?;
+            let q = gather_units(be, &qg, (0..t * nh).map(|r| 2 * r), hd)?;
+            let g = gather_units(be, &qg, (0..t * nh).map(|r| 2 * r + 1), hd)?;
+            (q, Some(g))
+        } else {
+            let mut q = scratch(be, t * nh * hd)?;
+            w.q.forward(be, x, &mut q, t)?;
+            (q, None)
+        };
+        let mut k = scratch(be, t * nkv * hd)?;
+        let mut v = scratch(be, t * nkv * hd)?;
+        w.k.forward(be, x, &mut k, t)?;
+        w.v.forward(be, x, &mut v, t)?;
+        if let (Some(qn), Some(kn)) = (&w.q_norm, &w.k_norm) {
+            let norm = |rows| RmsNormDesc { rows, dim: hd, eps: cfg.rms_norm_eps, unit_offset: cfg.norm_unit_offset };
+            let mut tmp = scratch(be, t * nh * hd)?;
+            be.rms_norm(&q, qn, &mut tmp, &norm(t * nh))?;
+            q = tmp;
+            let mut tmp = scratch(be, t * nkv * hd)?;
+            be.rms_norm(&k, kn, &mut tmp, &norm(t * nkv))?;
+            k = tmp;
+        }
+        be.rope(&mut q, &self.rope_desc(positions, nh, hd, 0, false))?;
+        be.rope(&mut k, &self.rope_desc(positions, nkv, hd, 0, false))?;
+        let LayerState::Attention { k: kc, v: vc } = layer_state else {
+            return Err(ModelError::Invalid("attention layer given a non-attention state".into()));
+        };
+        let span = CopyDesc { src_offset: 0, dst_offset: past * nkv * hd, len: t * nkv * hd };
+        be.copy(StreamId::COMPUTE, &k, kc, &span)?;
+        be.copy(StreamId::COMPUTE, &v, vc, &span)?;
+        let mut attn = scratch(be, t * nh * hd)?;
+        let desc = AttentionDesc {
+            n_tokens: t,
+            n_heads: nh,
+            n_kv_heads: nkv,
+            head_dim: hd,
+            v_head_dim: hd,
+            kv_len: past + t,
+            scale: cfg.attention_scale,
+            window: if kind == LayerKind::SlidingAttention { cfg.sliding_window } else { None },
+        };
+        be.attention(&q, kc, vc, w.sinks.as_ref(), &mut attn, &desc)?;
+        if let Some(g) = gate {
+            be.binary(BinaryOp::MulSigmoid, &mut attn, &g, t * nh * hd)?;
+        }
+        w.o.forward(be, &attn, out, t)
+    }
+}
