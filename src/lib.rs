@@ -9,13 +9,16 @@
 pub mod bench;
 pub mod chat;
 pub mod cli;
+pub mod config;
 pub mod demo;
 pub mod device;
 pub mod generate;
 pub mod kv;
+pub mod launch;
 pub mod model;
 pub mod npy;
 pub mod policy;
 pub mod sampling;
+pub mod server;
 pub mod synth;
 pub mod tokenizer;
