@@ -3,6 +3,8 @@
 mod bench;
 mod generate;
 mod info;
+mod launch;
+mod serve;
 mod synth;
 
 use crate::device::BackendChoice;
@@ -33,6 +35,10 @@ enum Command {
     Bench(bench::BenchArgs),
     /// Write a checkpoint with random weights of a real model's shape.
     Synth(synth::SynthArgs),
+    /// Serve the model over OpenAI- and Anthropic-compatible HTTP APIs.
+    Serve(serve::ServeArgs),
+    /// Run a coding agent (Claude Code, Codex, OpenCode) against the local server.
+    Launch(launch::LaunchArgs),
 }
 
 /// Which model and how to run it: shared by every command that runs a model.
@@ -128,6 +134,8 @@ pub fn main() -> ExitCode {
         Command::Info(a) => info::run(a),
         Command::Bench(a) => bench::run(a),
         Command::Synth(a) => synth::run(a),
+        Command::Serve(a) => serve::run(a),
+        Command::Launch(a) => launch::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -232,7 +232,8 @@ impl Actor for EngineDriver {
                     Some(EngineError::InvalidRequest(format!("token id {bad} is outside the vocabulary")))
                 } else if let Err(e) = req.sampling.validate() {
                     Some(EngineError::InvalidRequest(e.to_string()))
-                } else if st.queue.len() >= st.args.max_queue {
+                } else if st.queue.len() + st.active.len() >= st.args.max_queue + st.args.max_active {
+                    // Free running places count too: a queue of 0 still admits up to max_active.
                     Some(EngineError::QueueFull(st.queue.len()))
                 } else {
                     None

@@ -1,0 +1,230 @@
+//! Real model-format outputs, fed whole, in every two-piece split, and in three-piece
+//! splits: the decoded structure must not depend on where the detokenizer cut the text.
+
+use super::*;
+use serde_json::json;
+
+fn opts(reasoning: bool, tools: bool) -> ParserOptions {
+    ParserOptions { reasoning, tools, ..Default::default() }
+}
+
+fn call(name: &str, args: serde_json::Value) -> Parsed {
+    let serde_json::Value::Object(arguments) = args else { panic!("args must be an object") };
+    Parsed::ToolCall(ToolCall { name: name.into(), arguments })
+}
+
+/// Runs the parser over `pieces` and merges adjacent events of the same kind.
+fn run(o: &ParserOptions, pieces: &[&str]) -> Vec<Parsed> {
+    let mut p = OutputParser::new(o.clone());
+    let mut raw = vec![];
+    for piece in pieces {
+        p.push(piece, &mut raw);
+    }
+    p.finish(&mut raw);
+    let mut merged: Vec<Parsed> = vec![];
+    for ev in raw {
+        match (merged.last_mut(), ev) {
+            (Some(Parsed::Text(a)), Parsed::Text(b)) | (Some(Parsed::Reasoning(a)), Parsed::Reasoning(b)) => a.push_str(&b),
+            (_, ev) => merged.push(ev),
+        }
+    }
+    merged
+}
+
+/// Checks `text` gives `expected` however it is cut: whole, at every character boundary,
+/// and at every pair of boundaries.
+fn check(o: &ParserOptions, text: &str, expected: &[Parsed]) {
+    assert_eq!(run(o, &[text]), expected, "whole input");
+    let cuts: Vec<usize> = text.char_indices().map(|(i, _)| i).chain([text.len()]).collect();
+    for &a in &cuts {
+        let got = run(o, &[&text[..a], &text[a..]]);
+        assert_eq!(got, expected, "split at byte {a}: {:?} | {:?}", &text[..a], &text[a..]);
+    }
+    for (ia, &a) in cuts.iter().enumerate() {
+        for &b in &cuts[ia..] {
+            let got = run(o, &[&text[..a], &text[a..b], &text[b..]]);
+            assert_eq!(got, expected, "split at bytes {a},{b}");
+        }
+    }
+    // One character at a time, as a byte-level BPE detokenizer often delivers it.
+    let chars: Vec<String> = text.chars().map(String::from).collect();
+    let pieces: Vec<&str> = chars.iter().map(String::as_str).collect();
+    assert_eq!(run(o, &pieces), expected, "char by char");
+}
+
+#[test]
+fn qwen3_thinking_then_answer() {
+    let out = "<think>\nThe user greets me. I should answer politely.\n</think>\n\nHello! How can I help you today?";
+    check(
+        &opts(true, false),
+        out,
+        &[
+            Parsed::Reasoning("The user greets me. I should answer politely.".into()),
+            Parsed::Text("Hello! How can I help you today?".into()),
+        ],
+    );
+}
+
+#[test]
+fn qwen3_empty_thinking_block_when_disabled_in_prompt() {
+    // With enable_thinking=false the template writes the empty block into the prompt; a
+    // model that repeats it anyway must not produce an empty reasoning item.
+    check(&opts(true, false), "<think>\n\n</think>\n\nParis.", &[Parsed::Text("Paris.".into())]);
+}
+
+#[test]
+fn prompt_opened_think_block() {
+    // Qwen3-2507 "Thinking" templates end the prompt with `<think>\n`.
+    let o = ParserOptions { start_in_reasoning: true, ..opts(true, true) };
+    let out = "Okay, two cities.\nI will call the tool twice.\n</think>\n\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>";
+    check(
+        &o,
+        out,
+        &[
+            Parsed::Reasoning("Okay, two cities.\nI will call the tool twice.".into()),
+            call("get_weather", json!({"city": "Paris"})),
+        ],
+    );
+}
+
+#[test]
+fn hermes_two_calls_after_reasoning() {
+    let out = "<think>\nNeed the weather in two cities.\n</think>\n\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\", \"unit\": \"celsius\"}}\n</tool_call>\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"東京\"}}\n</tool_call>";
+    check(
+        &opts(true, true),
+        out,
+        &[
+            Parsed::Reasoning("Need the weather in two cities.".into()),
+            call("get_weather", json!({"city": "Paris", "unit": "celsius"})),
+            call("get_weather", json!({"city": "東京"})),
+        ],
+    );
+}
+
+#[test]
+fn hermes_text_before_call_and_string_arguments() {
+    let out = "Let me look that up.\n\n<tool_call>\n{\"name\": \"search\", \"arguments\": \"{\\\"q\\\": \\\"rust < 2\\\"}\"}\n</tool_call>";
+    check(
+        &opts(false, true),
+        out,
+        &[Parsed::Text("Let me look that up.".into()), call("search", json!({"q": "rust < 2"}))],
+    );
+}
+
+#[test]
+fn qwen3_coder_xml_call_with_typed_parameters() {
+    let tools = vec![json!({"type": "function", "function": {"name": "read_file", "parameters": {
+        "type": "object",
+        "properties": {"path": {"type": "string"}, "limit": {"type": "integer"}, "lines": {"type": "array"}, "raw": {"type": ["boolean", "null"]}}
+    }}})];
+    let o = ParserOptions { param_types: ParamTypes::from_tools(&tools), ..opts(false, true) };
+    let out = "I'll read the file first.\n<tool_call>\n<function=read_file>\n<parameter=path>\nsrc/main.rs\n</parameter>\n<parameter=limit>\n50\n</parameter>\n<parameter=lines>\n[1, 2]\n</parameter>\n<parameter=raw>\ntrue\n</parameter>\n</function>\n</tool_call>";
+    check(
+        &o,
+        out,
+        &[
+            Parsed::Text("I'll read the file first.".into()),
+            call("read_file", json!({"path": "src/main.rs", "limit": 50, "lines": [1, 2], "raw": true})),
+        ],
+    );
+}
+
+#[test]
+fn qwen3_coder_multiline_string_parameter_and_two_calls() {
+    let out = "<tool_call>\n<function=write_file>\n<parameter=content>\nfn main() {\n    println!(\"<hi>\");\n}\n</parameter>\n<parameter=path>\na.rs\n</parameter>\n</function>\n</tool_call>\n<tool_call>\n<function=run>\n</function>\n</tool_call>";
+    check(
+        &opts(false, true),
+        out,
+        &[
+            call("write_file", json!({"content": "fn main() {\n    println!(\"<hi>\");\n}", "path": "a.rs"})),
+            call("run", json!({})),
+        ],
+    );
+}
+
+#[test]
+fn bare_function_block() {
+    let o = ParserOptions { bare_function: true, ..opts(true, true) };
+    let out = "<think>\nok\n</think>\n\nSure.\n<function=ls>\n<parameter=dir>\n.\n</parameter>\n</function>";
+    check(&o, out, &[Parsed::Reasoning("ok".into()), Parsed::Text("Sure.".into()), call("ls", json!({"dir": "."}))]);
+}
+
+#[test]
+fn malformed_call_degrades_to_text() {
+    let out = "Trying.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Par\n</tool_call>";
+    check(
+        &opts(true, true),
+        out,
+        &[Parsed::Text("Trying.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Par\n</tool_call>".into())],
+    );
+    let no_name = "<tool_call>\n{\"arguments\": {}}\n</tool_call> done";
+    check(&opts(false, true), no_name, &[Parsed::Text(no_name.into())]);
+    let xml = "<tool_call>\n<function=>\n</function>\n</tool_call>";
+    check(&opts(false, true), xml, &[Parsed::Text(xml.into())]);
+}
+
+#[test]
+fn unclosed_call_at_the_end() {
+    // Cut by max_tokens before `</tool_call>`: a complete body is still a call...
+    let complete = "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"x\": 1}}\n";
+    check(&opts(false, true), complete, &[call("f", json!({"x": 1}))]);
+    // ...a partial one is text.
+    let partial = "Hi <tool_call>\n{\"name\": \"f\", \"argu";
+    check(&opts(false, true), partial, &[Parsed::Text(partial.into())]);
+}
+
+#[test]
+fn markup_without_tools_or_reasoning_is_text() {
+    let out = "<think>not a block</think> and <tool_call>{\"name\": \"f\"}</tool_call>";
+    check(&opts(false, false), out, &[Parsed::Text(out.into())]);
+    // `<think>` only opens reasoning at the very start.
+    let mid = "Use the <think> tag like this: <think>x</think>";
+    check(&opts(true, false), mid, &[Parsed::Text(mid.into())]);
+}
+
+#[test]
+fn partial_markers_at_the_end_are_text() {
+    check(&opts(true, true), "a < b and c <tool_ca", &[Parsed::Text("a < b and c <tool_ca".into())]);
+    check(&opts(true, true), "  <thi", &[Parsed::Text("<thi".into())]);
+    check(&opts(true, true), "<think>unfinished thought </thi", &[Parsed::Reasoning("unfinished thought </thi".into())]);
+}
+
+#[test]
+fn unicode_and_whitespace_inside_text_are_kept() {
+    let out = "<think>\nçà 🦀\n\n</think>\n\nLine 1\n\n  Line 2 🦀 ";
+    check(
+        &opts(true, false),
+        out,
+        &[Parsed::Reasoning("çà 🦀".into()), Parsed::Text("Line 1\n\n  Line 2 🦀 ".into())],
+    );
+}
+
+#[test]
+fn text_after_a_call_is_kept() {
+    let out = "<tool_call>\n{\"name\": \"f\", \"arguments\": {}}\n</tool_call>\nDone.";
+    check(&opts(false, true), out, &[call("f", json!({})), Parsed::Text("Done.".into())]);
+}
+
+#[test]
+fn json_array_and_parameters_key() {
+    let out = "<tool_call>[{\"name\": \"a\", \"parameters\": {\"k\": \"v\"}}, {\"name\": \"b\"}]</tool_call>";
+    check(&opts(false, true), out, &[call("a", json!({"k": "v"})), call("b", json!({}))]);
+}
+
+#[test]
+fn typed_values_that_do_not_fit_stay_strings() {
+    let tools = vec![json!({"type": "function", "function": {"name": "f", "parameters": {"properties": {
+        "n": {"type": "integer"}, "o": {"type": "object"}, "b": {"type": "boolean"}, "x": {"type": "number"}
+    }}}})];
+    let types = ParamTypes::from_tools(&tools);
+    let body = "<function=f>\n<parameter=n>\nmany\n</parameter>\n<parameter=o>\n{bad\n</parameter>\n<parameter=b>\nyes\n</parameter>\n<parameter=x>\n2.5\n</parameter>\n</function>";
+    let calls = parse_tool_call_body(body, &types).expect("parses");
+    assert_eq!(calls[0].arguments_json(), r#"{"n":"many","o":"{bad","b":"yes","x":2.5}"#);
+}
+
+#[test]
+fn raw_mode_keeps_every_character() {
+    let o = ParserOptions { raw: true, ..opts(true, true) };
+    let out = "  <think> leading space kept\n<tool_call>{}</tool_call>  ";
+    check(&o, out, &[Parsed::Text(out.into())]);
+}

@@ -1,0 +1,82 @@
+//! Server-sent events: framing, and the loop that turns a [`Run`] into a response body.
+
+use super::generation::{Outcome, Run, Step};
+use super::parsers::Parsed;
+use super::ApiError;
+use axum::body::Body;
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::Response;
+use std::convert::Infallible;
+
+/// One event with a name (Anthropic and Responses streams name every event).
+pub fn named(event: &str, data: &serde_json::Value) -> String {
+    format!("event: {event}\ndata: {data}\n\n")
+}
+
+/// One unnamed event (OpenAI chat and completions streams).
+pub fn data(data: &serde_json::Value) -> String {
+    format!("data: {data}\n\n")
+}
+
+/// How one API writes a run as events.
+pub trait Encoder: Send + 'static {
+    /// Events before any output.
+    fn start(&mut self) -> String;
+    /// Events for new output.
+    fn output(&mut self, items: Vec<Parsed>) -> String;
+    /// Events that end the stream.
+    fn done(&mut self, outcome: Outcome) -> String;
+    /// Events for a failure after the stream started (it ends after them).
+    fn failed(&mut self, err: ApiError) -> String;
+    /// A keep-alive while nothing happens (an SSE comment unless the API has a ping).
+    fn idle(&mut self) -> String {
+        ": keep-alive\n\n".into()
+    }
+}
+
+struct Driver<E> {
+    run: Option<Run>,
+    enc: E,
+    started: bool,
+}
+
+/// Streams `run` through `enc`. When the client disconnects, the body is dropped, which
+/// drops the run and cancels the generation.
+pub fn response<E: Encoder>(run: Run, enc: E) -> Response {
+    let driver = Driver { run: Some(run), enc, started: false };
+    let stream = futures_util::stream::unfold(driver, |mut d| async move {
+        if !d.started {
+            d.started = true;
+            let s = d.enc.start();
+            return Some((Ok::<_, Infallible>(s), d));
+        }
+        loop {
+            let run = d.run.as_mut()?;
+            let frame = match run.next().await {
+                Some(Step::Output(items)) => d.enc.output(items),
+                Some(Step::Idle) => d.enc.idle(),
+                Some(Step::Done(o)) => {
+                    d.run = None;
+                    d.enc.done(o)
+                }
+                Some(Step::Failed(e)) => {
+                    d.run = None;
+                    d.enc.failed(e)
+                }
+                None => return None,
+            };
+            // An empty chunk could read as the end of a chunked body: skip it.
+            if !frame.is_empty() {
+                return Some((Ok(frame), d));
+            }
+        }
+    });
+    let mut resp = Response::new(Body::from_stream(stream));
+    *resp.status_mut() = StatusCode::OK;
+    let h = resp.headers_mut();
+    h.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream; charset=utf-8"));
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    // Reverse proxies (nginx) would otherwise buffer the stream.
+    h.insert("x-accel-buffering", HeaderValue::from_static("no"));
+    resp
+}

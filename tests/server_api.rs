@@ -1,0 +1,331 @@
+//! The router without a socket: malformed and hostile requests get the right status and
+//! each API's own error shape, and the server keeps serving; plus the shapes of the
+//! operations routes. The engine is the demo model (random weights: shapes, not content).
+
+mod server_common;
+
+use axum::body::Body;
+use axum::http::{Request, StatusCode};
+use ft_actor::server::{app, AppState, ServerSettings};
+use serde_json::{json, Value};
+use server_common::test_engine_config;
+use std::sync::OnceLock;
+use tower::ServiceExt;
+
+struct Fixture {
+    rt: tokio::runtime::Runtime,
+    open: AppState,
+    keyed: AppState,
+}
+
+/// One engine for the whole file (model loading is the slow part), two server states on it.
+fn fixture() -> &'static Fixture {
+    static F: OnceLock<Fixture> = OnceLock::new();
+    F.get_or_init(|| {
+        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
+        let (open, keyed) = rt.block_on(async {
+            let engine = ft_actor::engine::Engine::spawn(test_engine_config(), None).await.expect("engine");
+            let small = ServerSettings { max_body_bytes: 64 * 1024, ..ServerSettings::default() };
+            let open = AppState::new(engine.clone(), small).expect("state");
+            let keyed = AppState::new(engine, ServerSettings { api_key: Some("s3cret".into()), ..ServerSettings::default() })
+                .expect("state");
+            (open, keyed)
+        });
+        Fixture { rt, open, keyed }
+    })
+}
+
+struct Out {
+    status: StatusCode,
+    body: Value,
+    text: String,
+}
+
+fn call_with(state: &AppState, method: &str, path: &str, headers: &[(&str, &str)], body: Vec<u8>) -> Out {
+    let f = fixture();
+    let mut req = Request::builder().method(method).uri(path);
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    let req = req.body(Body::from(body)).expect("request");
+    let router = app(state.clone());
+    f.rt.block_on(async move {
+        let resp = router.oneshot(req).await.expect("infallible");
+        let status = resp.status();
+        let bytes = axum::body::to_bytes(resp.into_body(), usize::MAX).await.expect("body");
+        let text = String::from_utf8_lossy(&bytes).into_owned();
+        let body = serde_json::from_str(&text).unwrap_or(Value::Null);
+        Out { status, body, text }
+    })
+}
+
+fn post(path: &str, body: &Value) -> Out {
+    call_with(&fixture().open, "POST", path, &[("content-type", "application/json")], body.to_string().into_bytes())
+}
+
+fn post_raw(path: &str, body: &[u8]) -> Out {
+    call_with(&fixture().open, "POST", path, &[("content-type", "application/json")], body.to_vec())
+}
+
+fn get(path: &str) -> Out {
+    call_with(&fixture().open, "GET", path, &[], vec![])
+}
+
+/// OpenAI error shape with this status and (when given) this `param`.
+fn openai_error(o: &Out, status: u16, param: Option<&str>) {
+    assert_eq!(o.status.as_u16(), status, "{}", o.text);
+    let e = &o.body["error"];
+    assert!(e["message"].as_str().is_some_and(|m| !m.is_empty()), "{}", o.text);
+    assert!(e["type"].is_string(), "{}", o.text);
+    assert!(e.get("param").is_some() && e.get("code").is_some(), "{}", o.text);
+    if let Some(p) = param {
+        assert_eq!(e["param"].as_str(), Some(p), "{}", o.text);
+    }
+}
+
+/// Anthropic error shape with this status and error type.
+fn anthropic_error(o: &Out, status: u16, ty: &str) {
+    assert_eq!(o.status.as_u16(), status, "{}", o.text);
+    assert_eq!(o.body["type"], "error", "{}", o.text);
+    assert_eq!(o.body["error"]["type"], ty, "{}", o.text);
+    assert!(o.body["error"]["message"].as_str().is_some_and(|m| !m.is_empty()), "{}", o.text);
+}
+
+fn chat(extra: Value) -> Value {
+    let mut b = json!({"model": "ft-actor-demo", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4});
+    if let (Some(b), Some(e)) = (b.as_object_mut(), extra.as_object()) {
+        for (k, v) in e {
+            b.insert(k.clone(), v.clone());
+        }
+    }
+    b
+}
+
+fn message(extra: Value) -> Value {
+    let mut b = json!({"model": "ft-actor-demo", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4});
+    if let (Some(b), Some(e)) = (b.as_object_mut(), extra.as_object()) {
+        for (k, v) in e {
+            b.insert(k.clone(), v.clone());
+        }
+    }
+    b
+}
+
+/// The server still answers a normal request (after each hostile one).
+fn still_serving() {
+    let o = post("/v1/chat/completions", &chat(json!({})));
+    assert_eq!(o.status, StatusCode::OK, "{}", o.text);
+    assert_eq!(o.body["object"], "chat.completion");
+}
+
+#[test]
+fn malformed_and_hostile_requests() {
+    // 1. Bad JSON.
+    openai_error(&post_raw("/v1/chat/completions", b"{\"model\": "), 400, Some("body"));
+    anthropic_error(&post_raw("/v1/messages", b"not json"), 400, "invalid_request_error");
+    // 2. Wrong types.
+    openai_error(&post("/v1/chat/completions", &chat(json!({"temperature": "hot"}))), 400, Some("temperature"));
+    openai_error(&post("/v1/chat/completions", &chat(json!({"messages": "hello"}))), 400, Some("messages"));
+    anthropic_error(&post("/v1/messages", &message(json!({"max_tokens": "many"}))), 400, "invalid_request_error");
+    // 3. Unknown fields (the real APIs reject them too)...
+    openai_error(&post("/v1/chat/completions", &chat(json!({"frobnicate": true}))), 400, Some("frobnicate"));
+    anthropic_error(&post("/v1/messages", &message(json!({"frobnicate": true}))), 400, "invalid_request_error");
+    // ...except Anthropic beta requests, whose new fields the server cannot know yet.
+    let beta = call_with(
+        &fixture().open,
+        "POST",
+        "/v1/messages",
+        &[("content-type", "application/json"), ("anthropic-beta", "context-management-2025-06-27")],
+        message(json!({"context_management": {"edits": []}, "some_future_field": 1})).to_string().into_bytes(),
+    );
+    assert_eq!(beta.status, StatusCode::OK, "{}", beta.text);
+    // 4. Huge max_tokens: not an integer that fits → 400 naming the field.
+    openai_error(&post("/v1/chat/completions", &chat(json!({"max_tokens": 1e300}))), 400, Some("max_tokens"));
+    openai_error(&post_raw("/v1/chat/completions", br#"{"messages":[{"role":"user","content":"x"}],"max_tokens":99999999999999999999}"#), 400, None);
+    openai_error(&post("/v1/chat/completions", &chat(json!({"max_tokens": -5}))), 400, Some("max_tokens"));
+    openai_error(&post("/v1/chat/completions", &chat(json!({"max_tokens": 0}))), 400, Some("max_tokens"));
+    // 5. Empty messages / missing required fields.
+    openai_error(&post("/v1/chat/completions", &chat(json!({"messages": []}))), 400, Some("messages"));
+    anthropic_error(&post("/v1/messages", &message(json!({"messages": []}))), 400, "invalid_request_error");
+    let no_max = post("/v1/messages", &json!({"model": "ft-actor-demo", "messages": [{"role": "user", "content": "x"}]}));
+    anthropic_error(&no_max, 400, "invalid_request_error");
+    assert!(no_max.body["error"]["message"].as_str().unwrap_or("").starts_with("max_tokens"), "{}", no_max.text);
+    openai_error(&post("/v1/chat/completions", &chat(json!({"messages": [{"content": "no role"}]}))), 400, Some("messages[0].role"));
+    // 6. Oversized body (the fixture's limit is 64 KiB).
+    let big = chat(json!({"messages": [{"role": "user", "content": "x".repeat(100 * 1024)}]}));
+    openai_error(&post("/v1/chat/completions", &big), 413, None);
+    anthropic_error(&post("/v1/messages", &message(json!({"system": "y".repeat(100 * 1024)}))), 413, "request_too_large");
+    // 7. Unknown model → 404 in each API's shape.
+    let o = post("/v1/chat/completions", &chat(json!({"model": "gpt-9"})));
+    openai_error(&o, 404, None);
+    assert_eq!(o.body["error"]["code"], "model_not_found");
+    anthropic_error(&post("/v1/messages", &message(json!({"model": "claude-opus-9"}))), 404, "not_found_error");
+    // 8. Unknown route → 404, in the Anthropic shape when the client speaks Anthropic.
+    openai_error(&get("/v1/nothing"), 404, None);
+    let o = call_with(&fixture().open, "POST", "/v1/messages/nothing", &[("anthropic-version", "2023-06-01")], b"{}".to_vec());
+    anthropic_error(&o, 404, "not_found_error");
+    // 9. Prompt longer than the context (1024 tokens here) → 400 that agents recognise.
+    let long = "word ".repeat(3000);
+    let o = post("/v1/chat/completions", &chat(json!({"messages": [{"role": "user", "content": long}]})));
+    openai_error(&o, 400, Some("messages"));
+    assert_eq!(o.body["error"]["code"], "context_length_exceeded");
+    let o = post("/v1/messages", &message(json!({"messages": [{"role": "user", "content": long}]})));
+    anthropic_error(&o, 400, "invalid_request_error");
+    assert!(o.body["error"]["message"].as_str().unwrap_or("").contains("prompt is too long"), "{}", o.text);
+    // 10. Out-of-range sampling, unsupported features, bad roles, images.
+    openai_error(&post("/v1/chat/completions", &chat(json!({"top_p": 0}))), 400, Some("top_p"));
+    openai_error(&post("/v1/chat/completions", &chat(json!({"n": 3}))), 400, Some("n"));
+    openai_error(&post("/v1/chat/completions", &chat(json!({"messages": [{"role": "wizard", "content": "x"}]}))), 400, Some("messages[0].role"));
+    let img = json!({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:,"}}]}]});
+    openai_error(&post("/v1/chat/completions", &chat(img)), 400, Some("messages[0].content[0]"));
+    let tc = json!({"tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": {"type": "function", "function": {"name": "g"}}});
+    openai_error(&post("/v1/chat/completions", &chat(tc)), 400, Some("tool_choice"));
+    openai_error(&post("/v1/completions", &json!({"prompt": [1, 2, 999_999], "max_tokens": 2})), 400, Some("prompt"));
+    openai_error(&post("/v1/responses", &json!({"input": [{"type": "item_reference", "id": "x"}]})), 400, Some("input[0].type"));
+    // 11. Non-object bodies and empty bodies.
+    openai_error(&post_raw("/v1/chat/completions", b"[1,2,3]"), 400, Some("body"));
+    openai_error(&post_raw("/v1/responses", b""), 400, Some("body"));
+    // 12. Unknown stored response.
+    openai_error(&get("/v1/responses/resp_missing"), 404, None);
+    // 13. Bad cache resize.
+    openai_error(&post("/v1/cache/resize", &json!({"slots": -1})), 400, Some("slots"));
+
+    still_serving();
+}
+
+#[test]
+fn api_key_is_checked_in_each_apis_shape() {
+    let f = fixture();
+    let body = chat(json!({})).to_string().into_bytes();
+    let ct = ("content-type", "application/json");
+    let o = call_with(&f.keyed, "POST", "/v1/chat/completions", &[ct], body.clone());
+    openai_error(&o, 401, None);
+    let o = call_with(&f.keyed, "POST", "/v1/chat/completions", &[ct, ("authorization", "Bearer wrong")], body.clone());
+    openai_error(&o, 401, None);
+    let o = call_with(&f.keyed, "POST", "/v1/messages", &[ct, ("x-api-key", "nope")], message(json!({})).to_string().into_bytes());
+    anthropic_error(&o, 401, "authentication_error");
+    let o = call_with(&f.keyed, "POST", "/v1/chat/completions", &[ct, ("authorization", "Bearer s3cret")], body);
+    assert_eq!(o.status, StatusCode::OK, "{}", o.text);
+    let o = call_with(&f.keyed, "POST", "/v1/messages", &[ct, ("x-api-key", "s3cret")], message(json!({})).to_string().into_bytes());
+    assert_eq!(o.status, StatusCode::OK, "{}", o.text);
+    // Health needs no key (probes and `launch` use it).
+    assert_eq!(call_with(&f.keyed, "GET", "/health", &[], vec![]).status, StatusCode::OK);
+}
+
+#[test]
+fn operations_routes() {
+    let h = get("/health");
+    assert_eq!(h.status, StatusCode::OK);
+    assert_eq!(h.body["status"], "ok");
+    let m = get("/v1/models");
+    assert_eq!(m.body["object"], "list");
+    assert_eq!(m.body["data"][0]["id"], "ft-actor-demo");
+    assert_eq!(m.body["data"][0]["context_length"], 1024);
+    assert_eq!(get("/v1/models/ft-actor-demo").body["id"], "ft-actor-demo");
+    still_serving();
+    let metrics = get("/metrics");
+    assert_eq!(metrics.status, StatusCode::OK);
+    for name in ["ft_http_requests_total{route=\"/v1/chat/completions\",status=\"200\"}", "ft_expert_cache_hit_rate", "ft_prompt_tokens_reused_total", "ft_requests_waiting", "ft_decode_tokens_per_second", "ft_expert_bytes_moved_total"] {
+        assert!(metrics.text.contains(name), "metrics lack {name}:\n{}", metrics.text);
+    }
+    let st = get("/v1/cache/status");
+    assert_eq!(st.status, StatusCode::OK, "{}", st.text);
+    assert!(st.body["slots"].is_u64() && st.body["hit_rate"].is_number() && st.body["layers"].is_array(), "{}", st.text);
+    let slots = st.body["slots"].as_u64().unwrap_or(0);
+    let r = post("/v1/cache/resize", &json!({"slots": slots}));
+    assert!(r.status == StatusCode::OK || r.status == StatusCode::SERVICE_UNAVAILABLE, "{}", r.text);
+    if r.status == StatusCode::OK {
+        assert!(r.body["slots"].is_u64(), "{}", r.text);
+    }
+}
+
+#[test]
+fn count_tokens_sees_system_tools_and_drops_the_billing_header() {
+    let base = json!({"model": "ft-actor-demo", "messages": [{"role": "user", "content": "What is the weather?"}]});
+    let plain = post("/v1/messages/count_tokens", &base);
+    assert_eq!(plain.status, StatusCode::OK, "{}", plain.text);
+    let n = plain.body["input_tokens"].as_u64().expect("input_tokens");
+    let mut with_tools = base.clone();
+    with_tools["tools"] = json!([{"name": "get_weather", "description": "Weather for a city", "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}}}]);
+    let t = post("/v1/messages/count_tokens", &with_tools).body["input_tokens"].as_u64().expect("n");
+    assert!(t > n + 10, "tools are rendered into the prompt by the chat template ({t} vs {n})");
+    let mut billed = base.clone();
+    billed["system"] = json!([{"type": "text", "text": "x-anthropic-billing-header: cc_version=1.0; cch=abcdef;"}]);
+    let b = post("/v1/messages/count_tokens", &billed).body["input_tokens"].as_u64().expect("n");
+    assert_eq!(b, n, "the billing header block is dropped");
+}
+
+#[test]
+fn tool_history_round_trips_through_the_template() {
+    // An assistant tool call and its result in the history, in each API's shape.
+    let o = post("/v1/chat/completions", &chat(json!({"messages": [
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": null, "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "18C"},
+    ], "tools": [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]})));
+    assert_eq!(o.status, StatusCode::OK, "{}", o.text);
+    let o = post("/v1/messages", &message(json!({"messages": [
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": [{"type": "thinking", "thinking": "call it", "signature": "x"}, {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"city": "Paris"}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": [{"type": "text", "text": "18C"}]}, {"type": "text", "text": "Thanks"}]},
+    ]})));
+    assert_eq!(o.status, StatusCode::OK, "{}", o.text);
+    assert_eq!(o.body["type"], "message");
+    let o = post("/v1/responses", &json!({"max_output_tokens": 4, "input": [
+        {"role": "user", "content": "Weather in Paris?"},
+        {"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": "{\"city\":\"Paris\"}"},
+        {"type": "function_call_output", "call_id": "call_1", "output": "18C"},
+    ]}));
+    assert_eq!(o.status, StatusCode::OK, "{}", o.text);
+    assert_eq!(o.body["object"], "response");
+}
+
+#[test]
+fn full_queue_is_429_and_dropped_streams_free_their_places() {
+    // A second engine: one sequence generating, one waiting, nobody else.
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
+    let cfg = ft_actor::engine::EngineConfig { max_active: 1, max_queue: 1, ctx_size: Some(4096), ..test_engine_config() };
+    let state = rt.block_on(async {
+        let engine = ft_actor::engine::Engine::spawn(cfg, None).await.expect("engine");
+        AppState::new(engine, ServerSettings::default()).expect("state")
+    });
+    let req = |stream: bool, n: u32| {
+        let body = json!({"messages": [{"role": "user", "content": "x"}], "max_tokens": n, "stream": stream, "ignore_eos": true});
+        Request::builder().method("POST").uri("/v1/chat/completions").body(Body::from(body.to_string())).expect("request")
+    };
+    let wait_for = |state: &AppState, active: usize, queued: usize| {
+        let state = state.clone();
+        async move {
+            let t0 = std::time::Instant::now();
+            loop {
+                let s = state.engine.stats().await.expect("stats");
+                if (s.active, s.queued) == (active, queued) {
+                    return;
+                }
+                assert!(t0.elapsed() < std::time::Duration::from_secs(20), "engine never reached {active} active, {queued} queued");
+                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+            }
+        }
+    };
+    rt.block_on(async {
+        // Streams whose bodies are not read hold their places (long generations).
+        let first = app(state.clone()).oneshot(req(true, 4000)).await.expect("response");
+        assert_eq!(first.status(), StatusCode::OK);
+        wait_for(&state, 1, 0).await;
+        let second = app(state.clone()).oneshot(req(true, 4000)).await.expect("response");
+        assert_eq!(second.status(), StatusCode::OK);
+        wait_for(&state, 1, 1).await;
+        let third = app(state.clone()).oneshot(req(false, 2)).await.expect("response");
+        assert_eq!(third.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert!(third.headers().contains_key("retry-after"));
+        let bytes = axum::body::to_bytes(third.into_body(), usize::MAX).await.expect("body");
+        let v: Value = serde_json::from_slice(&bytes).expect("json");
+        assert_eq!(v["error"]["type"], "rate_limit_error");
+        // Dropping the streams cancels their generations; the places free up.
+        drop(first);
+        drop(second);
+        wait_for(&state, 0, 0).await;
+        let r = app(state.clone()).oneshot(req(false, 2)).await.expect("response");
+        assert_eq!(r.status(), StatusCode::OK);
+    });
+}
