@@ -107,6 +107,8 @@ impl SequenceState {
                         return Err(ModelError::Invalid("linear-attention layer without its settings".into()))
                     }
                     (_, Some(m), _) => LayerState::Latent { kv: alloc(capacity * m.cache_width())? },
+                    // Sliding-window layers get the full context too (the attention op masks by
+                    // position); a ring buffer of `window` rows would save memory there.
                     _ => {
                         let per_token = cfg.num_kv_heads * cfg.head_dim;
                         LayerState::Attention { k: alloc(capacity * per_token)?, v: alloc(capacity * per_token)? }

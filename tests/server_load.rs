@@ -75,7 +75,8 @@ fn wait_idle(server: &TestServer, within: Duration) {
 
 #[test]
 fn load_then_disconnects() {
-    let engine = EngineConfig { max_active: 4, ..test_engine_config() };
+    // A context long enough that an abandoned generation would run for a while.
+    let engine = EngineConfig { max_active: 4, ctx_size: Some(4096), ..test_engine_config() };
     let settings = ServerSettings { max_stored_responses: 16, ..ServerSettings::default() };
     let server = TestServer::start(engine, settings);
     let base = server.base.clone();
@@ -96,10 +97,10 @@ fn load_then_disconnects() {
     // A client that goes away mid-stream cancels its generation: far fewer tokens are
     // generated than the request allowed.
     let cases = [
-        ("/v1/chat/completions", json!({"messages": [{"role": "user", "content": "go on forever"}], "max_tokens": 1000, "ignore_eos": true, "stream": true})),
-        ("/v1/responses", json!({"input": "go on forever", "max_output_tokens": 1000, "stream": true, "temperature": 0.0})),
+        ("/v1/chat/completions", json!({"messages": [{"role": "user", "content": "go on forever"}], "max_tokens": 4000, "ignore_eos": true, "stream": true})),
+        ("/v1/responses", json!({"input": "go on forever", "max_output_tokens": 4000, "stream": true, "temperature": 0.0})),
         // Not streaming: the handler is waiting for the whole answer when the client leaves.
-        ("/v1/completions", json!({"prompt": "go on forever", "max_tokens": 1000, "ignore_eos": true})),
+        ("/v1/completions", json!({"prompt": "go on forever", "max_tokens": 4000, "ignore_eos": true})),
     ];
     for (path, body) in cases {
         let streaming = body["stream"] == true;
@@ -119,7 +120,8 @@ fn load_then_disconnects() {
         drop(s);
         wait_idle(&server, Duration::from_secs(20));
         let generated = server.block_on(server.engine.stats()).expect("stats").tokens_generated - tokens_before;
-        assert!(generated < 900, "{path}: {generated} tokens generated after the client left");
+        eprintln!("{path}: {generated} of 4000 tokens generated before the disconnect cancelled it");
+        assert!(generated < 3000, "{path}: {generated} of 4000 tokens generated after the client left");
     }
     // And the server keeps serving.
     one_request(&base, 0);

@@ -110,7 +110,7 @@ pub async fn count_tokens(State(state): State<AppState>, headers: HeaderMap, bod
     Ok(Json(json!({"input_tokens": prompt.ids.len()})))
 }
 
-fn conversation(
+pub(super) fn conversation(
     system: Option<&Value>,
     messages: &[Value],
     tools: &[Value],

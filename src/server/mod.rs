@@ -27,6 +27,8 @@ pub mod responses;
 mod settings;
 mod sse;
 pub mod store;
+#[cfg(test)]
+mod template_tests;
 mod wire;
 
 pub use errors::{ApiError, ErrorKind, Flavor};

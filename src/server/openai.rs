@@ -127,7 +127,7 @@ fn check_response_format(v: Option<&Value>) -> Result<(), ApiError> {
 }
 
 /// OpenAI chat messages → chat-template messages.
-fn chat_messages(messages: &[Value]) -> Result<Vec<Value>, ApiError> {
+pub(super) fn chat_messages(messages: &[Value]) -> Result<Vec<Value>, ApiError> {
     if messages.is_empty() {
         return Err(ApiError::invalid("messages", "messages must not be empty"));
     }

@@ -81,7 +81,8 @@ impl Conversation {
             .map_err(|e| ApiError::internal(format!("prompt rendering task failed: {e}")))?
     }
 
-    fn render_blocking(self, template: &ChatTemplate, tok: &Tokenizer, reasoning: bool) -> Result<Prompt, ApiError> {
+    /// Renders and tokenizes on the calling thread.
+    pub(super) fn render_blocking(self, template: &ChatTemplate, tok: &Tokenizer, reasoning: bool) -> Result<Prompt, ApiError> {
         // A trailing assistant message is a prefill: the model continues it (as Anthropic's
         // API and llama.cpp do) instead of starting a new turn.
         let continue_final = self

@@ -190,7 +190,7 @@ pub async fn delete(State(state): State<AppState>, Path(id): Path<String>) -> Re
 /// Function tools in the template's shape; `custom` tools become functions taking one
 /// string `input`. Hosted tools (web search, file search...) do not exist here and are
 /// left out, so clients that always send them keep working.
-fn responses_tools(tools: &[Value]) -> Result<(Vec<Value>, HashSet<String>), ApiError> {
+pub(super) fn responses_tools(tools: &[Value]) -> Result<(Vec<Value>, HashSet<String>), ApiError> {
     let (mut out, mut custom) = (vec![], HashSet::new());
     for (i, t) in tools.iter().enumerate() {
         let p = format!("tools[{i}]");
@@ -214,7 +214,7 @@ fn responses_tools(tools: &[Value]) -> Result<(Vec<Value>, HashSet<String>), Api
 }
 
 /// Responses `input` → template messages (without the instructions).
-fn input_messages(input: &Value) -> Result<Vec<Value>, ApiError> {
+pub(super) fn input_messages(input: &Value) -> Result<Vec<Value>, ApiError> {
     let items = match input {
         Value::Null => return Ok(vec![]),
         Value::String(s) => return Ok(vec![json!({"role": "user", "content": s})]),

@@ -64,6 +64,11 @@ impl Loader<'_> {
     /// again, so their pages may leave the page cache). Loading therefore reads and writes
     /// every expert byte once, and the pool is anonymous memory rather than file-backed.
     fn gpt_oss_experts(&mut self, prefix: &str, n: usize, hidden: usize, inter: usize) -> Result<Vec<ExpertWeights>, ModelError> {
+        if self.files.contains(&format!("{prefix}.gate_up_proj_blocks")) {
+            return Err(ModelError::Invalid(format!(
+                "{prefix}: MXFP4-quantized experts (`*_blocks`/`*_scales`) are not supported yet; use a BF16 or F32 export of the checkpoint"
+            )));
+        }
         let gu = self.tensor(&format!("{prefix}.gate_up_proj"), &[n, hidden, 2 * inter])?;
         let down = self.tensor(&format!("{prefix}.down_proj"), &[n, inter, hidden])?;
         let gu_bias = self.tensor(&format!("{prefix}.gate_up_proj_bias"), &[n, 2 * inter])?.to_f32();

@@ -12,6 +12,7 @@
 //! - Qwen / Hermes JSON: `<tool_call>\n{"name": "f", "arguments": {…}}\n</tool_call>`
 //! - Qwen3-Coder XML: `<tool_call>\n<function=f>\n<parameter=p>\nvalue\n</parameter>\n</function>\n</tool_call>`
 //!   (also without the `<tool_call>` wrapper when the chat template uses this format).
+//! - GLM-4.5: `<tool_call>f\n<arg_key>p</arg_key>\n<arg_value>value</arg_value>\n</tool_call>`
 
 mod tool_call;
 #[cfg(test)]

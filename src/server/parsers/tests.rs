@@ -228,3 +228,16 @@ fn raw_mode_keeps_every_character() {
     let out = "  <think> leading space kept\n<tool_call>{}</tool_call>  ";
     check(&o, out, &[Parsed::Text(out.into())]);
 }
+
+#[test]
+fn glm_key_value_calls() {
+    let tools = vec![json!({"type": "function", "function": {"name": "get_weather", "parameters": {"properties": {
+        "city": {"type": "string"}, "days": {"type": "integer"}
+    }}}})];
+    let o = ParserOptions { param_types: ParamTypes::from_tools(&tools), ..opts(true, true) };
+    let out = "<think>Weather.</think>\n<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>北京</arg_value>\n<arg_key>days</arg_key>\n<arg_value>3</arg_value>\n</tool_call>";
+    check(&o, out, &[Parsed::Reasoning("Weather.".into()), call("get_weather", json!({"city": "北京", "days": 3}))]);
+    // A name with spaces is prose, not a call.
+    let prose = "<tool_call>I would call a tool</tool_call>";
+    check(&opts(false, true), prose, &[Parsed::Text(prose.into())]);
+}

@@ -1,4 +1,4 @@
-//! The body of one tool call: Hermes/Qwen JSON or Qwen3-Coder XML.
+//! The body of one tool call: Hermes/Qwen JSON, Qwen3-Coder XML or GLM-4.5 key/value tags.
 
 use super::ToolCall;
 use serde_json::{Map, Value};
@@ -55,8 +55,31 @@ pub fn parse_tool_call_body(body: &str, types: &ParamTypes) -> Option<Vec<ToolCa
     } else if body.starts_with('{') || body.starts_with('[') {
         parse_json(body)
     } else {
-        None
+        parse_glm(body, types)
     }
+}
+
+/// GLM-4.5: `NAME\n<arg_key>K</arg_key>\n<arg_value>V</arg_value>…` (values typed as XML's).
+fn parse_glm(body: &str, types: &ParamTypes) -> Option<Vec<ToolCall>> {
+    let (name, mut rest) = match body.find('\n') {
+        Some(i) => (body[..i].trim(), body[i + 1..].trim()),
+        None => (body, ""),
+    };
+    let valid_name = |n: &str| !n.is_empty() && !n.contains(char::is_whitespace) && !n.contains(['<', '>', '{', '"']);
+    if !valid_name(name) {
+        return None;
+    }
+    let mut args = Map::new();
+    while !rest.is_empty() {
+        let after = rest.strip_prefix("<arg_key>")?;
+        let k_end = after.find("</arg_key>")?;
+        let key = after[..k_end].trim();
+        let after = after[k_end + "</arg_key>".len()..].trim_start().strip_prefix("<arg_value>")?;
+        let v_end = after.find("</arg_value>")?;
+        args.insert(key.to_string(), typed_value(&after[..v_end], types.get(name, key)));
+        rest = after[v_end + "</arg_value>".len()..].trim_start();
+    }
+    Some(vec![ToolCall { name: name.to_string(), arguments: args }])
 }
 
 /// `{"name": …, "arguments": {…}}`, several of them in a row, or a JSON array of them.
