@@ -400,3 +400,44 @@ pub fn argmax(logits: &[f32]) -> u32 {
 
 #[cfg(test)]
 mod tests;
+
+/// Sampling fields of a request or command line, layered over the model's defaults.
+#[derive(Clone, Debug, Default)]
+pub struct SamplingOverrides {
+    /// Temperature.
+    pub temperature: Option<f32>,
+    /// Nucleus mass.
+    pub top_p: Option<f32>,
+    /// Top-k (0: off).
+    pub top_k: Option<usize>,
+    /// Min-p.
+    pub min_p: Option<f32>,
+    /// Repetition penalty.
+    pub repetition_penalty: Option<f32>,
+    /// Seed.
+    pub seed: Option<u64>,
+}
+
+impl SamplingOverrides {
+    /// The model's defaults with the request's values on top.
+    pub fn apply(&self, base: &SamplingParams) -> SamplingParams {
+        let mut s = base.clone();
+        if let Some(t) = self.temperature {
+            s.temperature = t;
+        }
+        if let Some(p) = self.top_p {
+            s.top_p = p;
+        }
+        if let Some(k) = self.top_k {
+            s.top_k = k;
+        }
+        if let Some(m) = self.min_p {
+            s.min_p = m;
+        }
+        if let Some(r) = self.repetition_penalty {
+            s.repetition_penalty = r;
+        }
+        s.seed = self.seed;
+        s
+    }
+}

@@ -4,6 +4,7 @@ use super::{runtime, ModelArgs};
 use crate::chat::{ChatRequest, ChatTemplate};
 use crate::engine::{EngineHandle, EngineRequest, GenEvent};
 use crate::model::generation_config::GenerationConfig;
+use crate::sampling::SamplingOverrides;
 use crate::tokenizer::Tokenizer;
 use anyhow::{bail, Context, Result};
 use clap::Args;
@@ -116,23 +117,15 @@ pub fn run_generate(a: GenerateArgs) -> Result<()> {
 async fn generate_with(engine: &EngineHandle, a: &GenerateArgs) -> Result<()> {
     let tok = engine.tokenizer().map(|t| t.as_ref());
     let prompt = prompt_ids(&a.prompt, tok)?;
-    let mut sampling = GenerationConfig::from_dir(&engine.info().model_dir)?.sampling();
-    if let Some(t) = a.temperature {
-        sampling.temperature = t;
-    }
-    if let Some(p) = a.top_p {
-        sampling.top_p = p;
-    }
-    if let Some(k) = a.top_k {
-        sampling.top_k = k;
-    }
-    if let Some(m) = a.min_p {
-        sampling.min_p = m;
-    }
-    if let Some(r) = a.repetition_penalty {
-        sampling.repetition_penalty = r;
-    }
-    sampling.seed = a.seed;
+    let overrides = SamplingOverrides {
+        temperature: a.temperature,
+        top_p: a.top_p,
+        top_k: a.top_k,
+        min_p: a.min_p,
+        repetition_penalty: a.repetition_penalty,
+        seed: a.seed,
+    };
+    let sampling = overrides.apply(&GenerationConfig::from_dir(&engine.info().model_dir)?.sampling());
     let prompt_len = prompt.len();
     let req = EngineRequest {
         prompt,
