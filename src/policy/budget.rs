@@ -350,6 +350,10 @@ pub fn plan_memory(inp: &MemoryInputs) -> MemoryPlan {
     if plan.total_experts > 0 && slots == plan.total_experts {
         plan.notes
             .push("every routed expert fits on the device; no expert traffic after warm-up".into());
+    } else if plan.total_experts > 0 && slots == 0 && inp.cache_slots_override == Some(0) {
+        // Asked for (or chosen because the device is the CPU itself): not worth a warning.
+        plan.notes
+            .push("no expert cache: routed experts run on the CPU".into());
     } else if plan.total_experts > 0 && slots == 0 && plan.fits {
         plan.warnings
             .push("no room for an expert cache; routed experts run on the CPU".into());
