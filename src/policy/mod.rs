@@ -7,6 +7,7 @@
 //! transfer engine, CPU executors, device stream) own the state and the messages; this module
 //! owns the arithmetic, so it can be unit-tested directly and reasoned about in isolation.
 //!
+//! - [`anchors`]: the radix index of reusable prompt-prefix state for edited conversations.
 //! - [`cache`]: the expert slot table — LRU with leases that pin slots and release on drop.
 //! - [`split`]: the decode miss split `q` (fetch vs CPU) and which misses to fetch.
 //! - [`mode`]: `--moe auto|offload|cpu|hybrid` and how `auto` resolves.
@@ -14,6 +15,7 @@
 //! - [`budget`]: the device memory plan and the `--vram-budget` parser.
 //! - [`profile`]: stored bandwidth measurements per machine, and config overrides.
 
+pub mod anchors;
 pub mod budget;
 pub mod cache;
 pub mod mode;
@@ -21,6 +23,10 @@ pub mod planner;
 pub mod profile;
 pub mod split;
 
+pub use anchors::{
+    hash_step, prefix_hash, Anchor, AnchorError, AnchorId, AnchorIndex, AnchorStats, Inserted,
+    Match as AnchorMatch,
+};
 pub use budget::{
     format_bytes, parse_bytes, plan_memory, KvReserve, MemoryInputs, MemoryPlan, ParseBytesError,
     VramBudget,
