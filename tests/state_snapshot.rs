@@ -50,6 +50,41 @@ fn check_snapshot_resume(name: &str) {
     let again = continue_greedy(&model, &mut a, tail, steps);
     assert_eq!(again, want, "{name}: rewinding by snapshot");
 
+    // A snapshot moved to host memory (as anchors are when device room runs out) restores
+    // to the same state, and so does one downloaded straight to the host.
+    a.restore(&snap).unwrap();
+    let mut host = a.snapshot().unwrap();
+    host.move_to_host(model.backend()).unwrap();
+    assert!(!host.on_device());
+    let mut e = SequenceState::new(&model, ids.len() + steps).unwrap();
+    e.restore(&host).unwrap();
+    assert_eq!(continue_greedy(&model, &mut e, tail, steps), want, "{name}: host snapshot");
+    let mut a2 = SequenceState::new(&model, ids.len() + steps).unwrap();
+    model.forward(&mut a2, head, Logits::None).unwrap();
+    let direct = a2.snapshot_to_host().unwrap();
+    assert_eq!(direct.size_bytes(), snap.size_bytes());
+    assert_eq!(a2.snapshot_bytes(), snap.size_bytes());
+    e.restore(&direct).unwrap();
+    assert_eq!(continue_greedy(&model, &mut e, tail, steps), want, "{name}: direct host snapshot");
+
+    // A longer attention-only snapshot serves any shorter prefix; recurrent state cannot be cut.
+    let mut long = SequenceState::new(&model, ids.len() + steps).unwrap();
+    model.forward(&mut long, &ids[..ids.len() - 1], Logits::None).unwrap();
+    let long_snap = long.snapshot().unwrap();
+    let mut f = SequenceState::new(&model, ids.len() + steps).unwrap();
+    if f.has_recurrent_layers() {
+        assert!(f.restore_prefix(&long_snap, head.len()).is_err());
+    } else {
+        f.restore_prefix(&long_snap, head.len()).unwrap();
+        assert_eq!(f.len(), head.len());
+        // The kept keys were computed in a longer chunk, so sums may round differently: close,
+        // not bit-identical.
+        for (s, (g, w)) in continue_greedy(&model, &mut f, tail, steps).iter().zip(&want).enumerate() {
+            let d = max_abs_diff(g, w);
+            assert!(d <= 1e-4, "{name}: step {s} after restoring a prefix differs by {d}");
+        }
+    }
+
     // And resuming with a multi-token chunk agrees with one pass over the whole prompt.
     let mut c = SequenceState::new(&model, ids.len()).unwrap();
     let full = model.forward(&mut c, ids, Logits::Last).unwrap();

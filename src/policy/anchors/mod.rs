@@ -298,6 +298,110 @@ impl<P> AnchorIndex<P> {
         pos
     }
 
+    /// The anchor whose tokens share the longest common prefix with `prompt`, and that
+    /// prefix's length: any anchor below the point where `prompt` leaves the tree holds state
+    /// for those tokens. For attention-only state, which can be truncated anywhere, this is the
+    /// deepest reuse possible. Counts a hit (touching the anchor) or a miss; starts an epoch.
+    pub fn shared_prefix(&mut self, prompt: &[u32]) -> Option<(AnchorId, usize)> {
+        self.tick();
+        let mut node = ROOT;
+        let mut pos = 0;
+        while let Some(&child) = prompt
+            .get(pos)
+            .and_then(|t| self.nodes[node].children.get(t))
+        {
+            let edge = &self.nodes[child].edge;
+            let common = edge
+                .iter()
+                .zip(&prompt[pos..])
+                .take_while(|(a, b)| a == b)
+                .count();
+            pos += common;
+            // Even a partly matched edge leads to state that covers `pos` tokens.
+            node = child;
+            if common < self.nodes[child].edge.len() {
+                break;
+            }
+        }
+        // Only anchored paths are stored, so descending from any non-root node reaches an
+        // anchor; prefer the nearest one (the smallest state that covers the prefix).
+        let found = (pos > 0).then(|| self.nearest_anchor_below(node)).flatten();
+        let Some(id) = found else {
+            self.misses += 1;
+            return None;
+        };
+        self.hits += 1;
+        self.touch(id);
+        Some((id, pos))
+    }
+
+    fn nearest_anchor_below(&self, start: usize) -> Option<AnchorId> {
+        let mut frontier = vec![start];
+        while !frontier.is_empty() {
+            let mut next = Vec::new();
+            for n in frontier {
+                if let Some(id) = self.nodes[n].anchor {
+                    return Some(id);
+                }
+                next.extend(self.nodes[n].children.values().copied());
+            }
+            frontier = next;
+        }
+        None
+    }
+
+    /// The anchor at exactly `tokens`, if one is stored. Touches nothing.
+    pub fn find_exact(&self, tokens: &[u32]) -> Option<AnchorId> {
+        let mut node = ROOT;
+        let mut pos = 0;
+        while pos < tokens.len() {
+            let &child = self.nodes[node].children.get(&tokens[pos])?;
+            let edge = &self.nodes[child].edge;
+            if !tokens[pos..].starts_with(edge) {
+                return None;
+            }
+            pos += edge.len();
+            node = child;
+        }
+        if node == ROOT {
+            None
+        } else {
+            self.nodes[node].anchor
+        }
+    }
+
+    /// Anchors at strict prefixes of `tokens` (shallowest first).
+    pub fn ancestors(&self, tokens: &[u32]) -> Vec<AnchorId> {
+        let mut out = Vec::new();
+        let mut node = ROOT;
+        let mut pos = 0;
+        while let Some(&child) = tokens
+            .get(pos)
+            .and_then(|t| self.nodes[node].children.get(t))
+        {
+            let edge = &self.nodes[child].edge;
+            if !tokens[pos..].starts_with(edge) {
+                break;
+            }
+            pos += edge.len();
+            node = child;
+            if pos < tokens.len() {
+                out.extend(self.nodes[node].anchor);
+            }
+        }
+        out
+    }
+
+    /// Anchor ids from least to most valuable (the eviction order).
+    pub fn eviction_order(&self) -> impl Iterator<Item = AnchorId> + '_ {
+        self.order.iter().map(|k| k.2)
+    }
+
+    /// The payload of an anchor, for the caller to move its storage (e.g. device to host).
+    pub fn payload_mut(&mut self, id: AnchorId) -> Option<&mut P> {
+        self.anchors.get_mut(&id).map(|a| &mut a.payload)
+    }
+
     /// Marks an anchor as used in the current epoch. Returns false for an unknown id.
     pub fn touch(&mut self, id: AnchorId) -> bool {
         let Some(a) = self.anchors.get_mut(&id) else {

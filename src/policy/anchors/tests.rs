@@ -228,3 +228,51 @@ fn reinsert_replaces_payload_and_returns_old_one() {
     assert_eq!(ix.stats().bytes, 30);
     assert_eq!(*ix.longest_match(&[1, 2], true).unwrap().payload, "new");
 }
+
+#[test]
+fn shared_prefix_finds_state_covering_the_longest_common_prefix() {
+    let mut ix = index();
+    let conv = run(1, 40);
+    let id = ix.insert(&conv, "conv", 1, false).unwrap().id;
+    // A rewind that diverges mid-edge still reuses every common token from that anchor.
+    let edited = cat(&[&conv[..25], &[999, 998]]);
+    assert_eq!(ix.shared_prefix(&edited), Some((id, 25)));
+    // A prompt that is a strict prefix of a stored sequence reuses all of itself.
+    assert_eq!(ix.shared_prefix(&conv[..10]), Some((id, 10)));
+    // The nearest anchor below the split point is preferred (smallest state to restore).
+    let short = ix.insert(&conv[..30], "short", 1, false).unwrap().id;
+    assert_eq!(ix.shared_prefix(&edited), Some((short, 25)));
+    assert_eq!(ix.shared_prefix(&[500, 1]), None);
+    let s = ix.stats();
+    assert_eq!((s.hits, s.misses), (3, 1));
+}
+
+#[test]
+fn find_exact_and_ancestors() {
+    let mut ix = index();
+    let t = run(1, 20);
+    let a = ix.insert(&t[..5], "a", 1, true).unwrap().id;
+    let b = ix.insert(&t[..12], "b", 1, true).unwrap().id;
+    let c = ix.insert(&t, "c", 1, true).unwrap().id;
+    assert_eq!(ix.find_exact(&t[..12]), Some(b));
+    assert_eq!(ix.find_exact(&t[..11]), None);
+    assert_eq!(ix.find_exact(&[]), None);
+    assert_eq!(ix.ancestors(&t), vec![a, b]);
+    assert_eq!(ix.ancestors(&cat(&[&t, &[77]])), vec![a, b, c]);
+    assert_eq!(ix.ancestors(&cat(&[&t[..7], &[77]])), vec![a]);
+}
+
+#[test]
+fn eviction_order_is_oldest_then_shortest_and_payloads_can_move() {
+    let mut ix: AnchorIndex<Vec<u8>> = AnchorIndex::new(1 << 20);
+    let t = run(1, 20);
+    let long = ix.insert(&t, vec![1], 1, true).unwrap().id;
+    let short = ix.insert(&t[..4], vec![2], 1, true).unwrap().id;
+    assert_eq!(ix.eviction_order().collect::<Vec<_>>(), vec![short, long]);
+    ix.longest_match(&t, false);
+    assert_eq!(ix.eviction_order().collect::<Vec<_>>(), vec![short, long]);
+    ix.longest_match(&t[..5], false);
+    assert_eq!(ix.eviction_order().collect::<Vec<_>>(), vec![long, short]);
+    ix.payload_mut(long).unwrap().push(9);
+    assert_eq!(ix.get(long).unwrap().payload, vec![1, 9]);
+}

@@ -31,17 +31,6 @@ pub enum LayerState {
     },
 }
 
-impl LayerState {
-    /// Elements this layer caches per token (0 for fixed-size recurrent state).
-    fn per_token(&self, capacity: usize) -> [usize; 2] {
-        match self {
-            LayerState::Attention { k, v } => [k.len() / capacity.max(1), v.len() / capacity.max(1)],
-            LayerState::Latent { kv } => [kv.len() / capacity.max(1), 0],
-            LayerState::Recurrent { .. } => [0, 0],
-        }
-    }
-}
-
 /// Everything a sequence carries between forward passes.
 pub struct SequenceState {
     /// One entry per decoder layer.
@@ -51,14 +40,31 @@ pub struct SequenceState {
     backend: Arc<dyn Backend>,
 }
 
-/// A copy of a [`SequenceState`] after some number of tokens, in device memory.
+/// A copy of a [`SequenceState`] after some number of tokens, in device or host memory.
 ///
 /// Attention and latent caches are copied only up to the snapshot's length; recurrent
 /// state is copied whole. Restoring it into any state of the same model with enough
 /// capacity continues exactly as the original sequence would have.
 pub struct StateSnapshot {
     len: usize,
-    layers: Vec<LayerState>,
+    /// One entry per state buffer, in [`SequenceState::buffers`] order.
+    parts: Vec<Part>,
+}
+
+/// Where one buffer of a snapshot lives.
+enum Part {
+    Device(DeviceBuffer),
+    /// f32 values as bytes; anchors move here when device memory for them runs out.
+    Host(Vec<u8>),
+}
+
+impl Part {
+    fn elements(&self) -> usize {
+        match self {
+            Part::Device(b) => b.len(),
+            Part::Host(v) => v.len() / DType::F32.size(),
+        }
+    }
 }
 
 impl StateSnapshot {
@@ -72,22 +78,39 @@ impl StateSnapshot {
         self.len == 0
     }
 
-    /// Device bytes the snapshot holds.
+    /// Bytes the snapshot holds (device and host together).
     pub fn size_bytes(&self) -> usize {
-        self.layers
-            .iter()
-            .map(|l| match l {
-                LayerState::Attention { k, v } => k.size_bytes() + v.size_bytes(),
-                LayerState::Latent { kv } => kv.size_bytes(),
-                LayerState::Recurrent { conv, state } => conv.size_bytes() + state.size_bytes(),
-            })
-            .sum()
+        self.parts.iter().map(|p| p.elements() * DType::F32.size()).sum()
+    }
+
+    /// Whether any part is in device memory.
+    pub fn on_device(&self) -> bool {
+        self.parts.iter().any(|p| matches!(p, Part::Device(_)))
+    }
+
+    /// Moves every part into host memory (frees the device copies).
+    pub fn move_to_host(&mut self, be: &dyn Backend) -> Result<(), ModelError> {
+        for part in &mut self.parts {
+            if let Part::Device(buf) = part {
+                let mut bytes = vec![0u8; buf.size_bytes()];
+                be.download(StreamId::COMPUTE, buf, 0, &mut bytes)?;
+                *part = Part::Host(bytes);
+            }
+        }
+        Ok(())
     }
 }
 
 fn copy_prefix(be: &dyn Backend, src: &DeviceBuffer, dst: &mut DeviceBuffer, len: usize) -> Result<(), ModelError> {
     be.copy(StreamId::COMPUTE, src, dst, &CopyDesc { src_offset: 0, dst_offset: 0, len })?;
     Ok(())
+}
+
+/// How one state buffer grows: `per_token` elements per token, or a fixed size.
+#[derive(Clone, Copy)]
+enum Extent {
+    PerToken(usize),
+    Fixed,
 }
 
 impl SequenceState {
@@ -158,81 +181,133 @@ impl SequenceState {
         self.len += n;
     }
 
-    /// Copies the state as it is now.
+    /// Every state buffer with how it grows, in a fixed order (layer by layer).
+    fn buffers(&self) -> Vec<(&DeviceBuffer, Extent)> {
+        let capacity = self.capacity.max(1);
+        let mut out = Vec::new();
+        for l in &self.layers {
+            match l {
+                LayerState::Attention { k, v } => {
+                    out.push((k, Extent::PerToken(k.len() / capacity)));
+                    out.push((v, Extent::PerToken(v.len() / capacity)));
+                }
+                LayerState::Latent { kv } => out.push((kv, Extent::PerToken(kv.len() / capacity))),
+                LayerState::Recurrent { conv, state } => {
+                    out.push((conv, Extent::Fixed));
+                    out.push((state, Extent::Fixed));
+                }
+            }
+        }
+        out
+    }
+
+    fn buffers_mut(&mut self) -> Vec<&mut DeviceBuffer> {
+        let mut out = Vec::new();
+        for l in &mut self.layers {
+            match l {
+                LayerState::Attention { k, v } => {
+                    out.push(k);
+                    out.push(v);
+                }
+                LayerState::Latent { kv } => out.push(kv),
+                LayerState::Recurrent { conv, state } => {
+                    out.push(conv);
+                    out.push(state);
+                }
+            }
+        }
+        out
+    }
+
+    /// Elements of each buffer a snapshot at `len` tokens holds.
+    fn snapshot_extents(&self, len: usize) -> Vec<usize> {
+        self.buffers()
+            .iter()
+            .map(|(b, e)| match e {
+                Extent::PerToken(n) => len * n,
+                Extent::Fixed => b.len(),
+            })
+            .collect()
+    }
+
+    /// Bytes a snapshot of this state at its current length would take.
+    pub fn snapshot_bytes(&self) -> usize {
+        self.snapshot_extents(self.len).iter().sum::<usize>() * DType::F32.size()
+    }
+
+    /// Copies the state as it is now into device memory.
     pub fn snapshot(&self) -> Result<StateSnapshot, ModelError> {
         let be = self.backend.as_ref();
-        let alloc = |len: usize| be.alloc(DType::F32, len, BufferUsage::Kv);
-        let layers = self
-            .layers
-            .iter()
-            .map(|l| {
-                let [pk, pv] = l.per_token(self.capacity);
-                Ok(match l {
-                    LayerState::Attention { k, v } => {
-                        let (mut k2, mut v2) = (alloc(self.len * pk)?, alloc(self.len * pv)?);
-                        copy_prefix(be, k, &mut k2, self.len * pk)?;
-                        copy_prefix(be, v, &mut v2, self.len * pv)?;
-                        LayerState::Attention { k: k2, v: v2 }
-                    }
-                    LayerState::Latent { kv } => {
-                        let mut kv2 = alloc(self.len * pk)?;
-                        copy_prefix(be, kv, &mut kv2, self.len * pk)?;
-                        LayerState::Latent { kv: kv2 }
-                    }
-                    LayerState::Recurrent { conv, state } => {
-                        let (mut c2, mut s2) = (alloc(conv.len())?, alloc(state.len())?);
-                        copy_prefix(be, conv, &mut c2, conv.len())?;
-                        copy_prefix(be, state, &mut s2, state.len())?;
-                        LayerState::Recurrent { conv: c2, state: s2 }
-                    }
-                })
+        let parts = self
+            .buffers()
+            .into_iter()
+            .zip(self.snapshot_extents(self.len))
+            .map(|((buf, _), n)| {
+                let mut copy = be.alloc(DType::F32, n, BufferUsage::Kv)?;
+                copy_prefix(be, buf, &mut copy, n)?;
+                Ok(Part::Device(copy))
             })
             .collect::<Result<_, ModelError>>()?;
-        Ok(StateSnapshot { len: self.len, layers })
+        Ok(StateSnapshot { len: self.len, parts })
+    }
+
+    /// Copies the state as it is now straight into host memory.
+    pub fn snapshot_to_host(&self) -> Result<StateSnapshot, ModelError> {
+        let be = self.backend.as_ref();
+        let parts = self
+            .buffers()
+            .into_iter()
+            .zip(self.snapshot_extents(self.len))
+            .map(|((buf, _), n)| {
+                let mut bytes = vec![0u8; n * DType::F32.size()];
+                if n > 0 {
+                    be.download(StreamId::COMPUTE, buf, 0, &mut bytes)?;
+                }
+                Ok(Part::Host(bytes))
+            })
+            .collect::<Result<_, ModelError>>()?;
+        Ok(StateSnapshot { len: self.len, parts })
     }
 
     /// Makes this state what it was when `snapshot` was taken (of a state of the same model).
     pub fn restore(&mut self, snapshot: &StateSnapshot) -> Result<(), ModelError> {
+        self.restore_prefix(snapshot, snapshot.len)
+    }
+
+    /// Like [`restore`](Self::restore), then keeps only the first `len` tokens: attention
+    /// state taken after a longer sequence serves any of its prefixes. A snapshot with
+    /// recurrent state can only be restored whole.
+    pub fn restore_prefix(&mut self, snapshot: &StateSnapshot, len: usize) -> Result<(), ModelError> {
+        if len > snapshot.len {
+            return Err(ModelError::Invalid(format!("cannot restore {len} tokens from a snapshot of {}", snapshot.len)));
+        }
+        if len < snapshot.len && self.has_recurrent_layers() {
+            return Err(ModelError::Invalid(format!(
+                "a snapshot of {} tokens with recurrent state cannot be cut to {len}",
+                snapshot.len
+            )));
+        }
         if snapshot.len > self.capacity {
             return Err(ModelError::ContextOverflow { needed: snapshot.len, capacity: self.capacity });
         }
-        if snapshot.layers.len() != self.layers.len() {
-            return Err(ModelError::Invalid("snapshot is of a model with another number of layers".into()));
-        }
-        // Check every layer before copying any, so a mismatch leaves this state untouched.
-        let capacity = self.capacity;
-        let fits = |dst: &LayerState, src: &LayerState| {
-            let [pk, pv] = dst.per_token(capacity);
-            match (dst, src) {
-                (LayerState::Attention { .. }, LayerState::Attention { k, v }) => {
-                    k.len() == snapshot.len * pk && v.len() == snapshot.len * pv
-                }
-                (LayerState::Latent { .. }, LayerState::Latent { kv }) => kv.len() == snapshot.len * pk,
-                (LayerState::Recurrent { conv, state }, LayerState::Recurrent { conv: c, state: s }) => {
-                    c.len() == conv.len() && s.len() == state.len()
-                }
-                _ => false,
-            }
-        };
-        if !self.layers.iter().zip(&snapshot.layers).all(|(d, s)| fits(d, s)) {
+        // Check every buffer before copying any, so a mismatch leaves this state untouched.
+        let want = self.snapshot_extents(snapshot.len);
+        if want.len() != snapshot.parts.len() || want.iter().zip(&snapshot.parts).any(|(n, p)| *n != p.elements()) {
             return Err(ModelError::Invalid("snapshot layers do not match this model's state".into()));
         }
-        let be = self.backend.as_ref();
-        for (dst, src) in self.layers.iter_mut().zip(&snapshot.layers) {
-            match (dst, src) {
-                (LayerState::Attention { k, v }, LayerState::Attention { k: ks, v: vs }) => {
-                    copy_prefix(be, ks, k, ks.len())?;
-                    copy_prefix(be, vs, v, vs.len())?;
-                }
-                (LayerState::Latent { kv }, LayerState::Latent { kv: s }) => copy_prefix(be, s, kv, s.len())?,
-                (LayerState::Recurrent { conv, state }, LayerState::Recurrent { conv: cs, state: ss }) => {
-                    copy_prefix(be, cs, conv, cs.len())?;
-                    copy_prefix(be, ss, state, ss.len())?;
-                }
-                _ => return Err(ModelError::Invalid("snapshot layers do not match this model's state".into())),
+        // Per-token buffers only need the kept prefix; fixed-size ones are copied whole.
+        let keep = self.snapshot_extents(len);
+        let be = self.backend.clone();
+        for ((dst, part), n) in self.buffers_mut().into_iter().zip(&snapshot.parts).zip(keep) {
+            if n == 0 {
+                continue;
+            }
+            match part {
+                Part::Device(src) => copy_prefix(be.as_ref(), src, dst, n)?,
+                Part::Host(bytes) => be.upload(StreamId::COMPUTE, &bytes[..n * DType::F32.size()], dst, 0)?,
             }
         }
-        self.len = snapshot.len;
+        self.len = len;
         Ok(())
     }
 
