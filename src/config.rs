@@ -72,6 +72,11 @@ struct EngineKeys {
     b_h: Option<String>,
     #[serde(default, deserialize_with = "lenient::opt_string")]
     cache_dir: Option<String>,
+    #[serde(deserialize_with = "lenient::string")]
+    prefix_cache_budget: String,
+    #[serde(deserialize_with = "lenient::string")]
+    prefix_cache_device_budget: String,
+    anchor_interval: usize,
 }
 
 fn backend_name(b: BackendChoice) -> &'static str {
@@ -108,6 +113,9 @@ impl From<&EngineConfig> for EngineKeys {
             b_p: c.b_p.map(|v| v.to_string()),
             b_h: c.b_h.map(|v| v.to_string()),
             cache_dir: path(&c.cache_dir),
+            prefix_cache_budget: c.prefix_cache_budget.to_string(),
+            prefix_cache_device_budget: c.prefix_cache_device_budget.map_or("auto".into(), |b| b.to_string()),
+            anchor_interval: c.anchor_interval,
         }
     }
 }
@@ -123,6 +131,9 @@ impl EngineKeys {
         }
         if self.cpu_threads == Some(0) {
             return Err(bad("cpu_threads", "must be at least 1 (leave it unset for all cores)".into()));
+        }
+        if self.anchor_interval == 0 {
+            return Err(bad("anchor_interval", "must be at least 1".into()));
         }
         if self.ctx_size == Some(0) {
             return Err(bad("ctx_size", "must be at least 1 (leave it unset for the model's maximum)".into()));
@@ -141,6 +152,12 @@ impl EngineKeys {
             b_p: rate("b_p", &self.b_p)?,
             b_h: rate("b_h", &self.b_h)?,
             cache_dir: self.cache_dir.as_ref().map(PathBuf::from),
+            prefix_cache_budget: parse_bytes(&self.prefix_cache_budget).map_err(|e| bad("prefix_cache_budget", e.to_string()))?,
+            prefix_cache_device_budget: match self.prefix_cache_device_budget.trim() {
+                "auto" => None,
+                b => Some(parse_bytes(b).map_err(|e| bad("prefix_cache_device_budget", e.to_string()))?),
+            },
+            anchor_interval: self.anchor_interval,
         })
     }
 }

@@ -259,6 +259,22 @@ impl Tokenizer {
             }
         }
 
+        // Special tokens the chat template itself writes (role headers, tool wrappers) mark
+        // boundaries too, even when they are not among the known names above.
+        let mut added: Vec<(u32, String)> = inner
+            .get_added_tokens_decoder()
+            .into_iter()
+            .filter(|(_, t)| t.special && t.content.chars().count() > 1)
+            .map(|(id, t)| (id, t.content))
+            .collect();
+        added.sort_unstable();
+        for (id, content) in added {
+            let in_template = chat_templates.iter().any(|(_, src)| src.contains(content.as_str()));
+            if in_template && !boundary.iter().any(|b| b.id == id) {
+                boundary.push(BoundaryToken { content, id, special: true });
+            }
+        }
+
         Ok(Tokenizer {
             inner,
             vocab_size,
@@ -421,7 +437,8 @@ impl Tokenizer {
 
     /// Turn, reasoning and tool-call marker tokens (`<|im_end|>`, `</think>`, `<tool_call>`,
     /// `<|return|>`, `<｜end▁of▁sentence｜>`, ...) and the EOS token, for those that exist in
-    /// this vocabulary; ids are looked up by content, never assumed.
+    /// this vocabulary, plus every special token the chat template writes; ids are looked up
+    /// by content, never assumed.
     pub fn boundary_tokens(&self) -> &[BoundaryToken] {
         &self.boundary
     }

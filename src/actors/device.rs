@@ -6,6 +6,7 @@ use super::cache::CacheMsg;
 use super::pipeline::{PipelineExperts, PipelineLinks, RunStats, StreamingExperts};
 use super::blocking_reply;
 use crate::engine::{EngineStats, LayerStats, PrefillMode};
+use crate::kv::reuse::PrefixStore;
 use crate::kv::SequenceState;
 use crate::model::{Logits, Model};
 use crate::policy::{plan_prefill, PrefillInputs, PrefillPath, Residency, ResolvedMode};
@@ -34,6 +35,8 @@ pub struct StepOutput {
     pub token: u32,
     /// The logits it was sampled from, if asked for.
     pub logits: Option<Vec<f32>>,
+    /// Prompt tokens restored from saved state instead of prefilled (first step only).
+    pub cached: usize,
 }
 
 /// Messages of the device stream.
@@ -69,6 +72,8 @@ pub struct DeviceArgs {
     pub bandwidths: (f64, f64),
     /// Whether layer buffers fit the memory plan.
     pub streaming_available: bool,
+    /// Saved prefix states for agent-aware reuse.
+    pub reuse: PrefixStore,
 }
 
 /// The device stream actor.
@@ -84,6 +89,10 @@ struct Seq {
     sampler: Sampler,
     history: Vec<u32>,
     return_logits: bool,
+    /// State length at the last recorded anchor.
+    last_anchor: usize,
+    /// A step failed, so the state may not match `history`: never save it.
+    broken: bool,
 }
 
 struct Worker {
@@ -148,31 +157,83 @@ impl Worker {
     }
 
     fn step(&mut self, seq: u64, spec: Option<SeqSpec>, tokens: Vec<u32>) -> Result<StepOutput, String> {
+        let r = self.step_inner(seq, spec, tokens);
+        if r.is_err() {
+            if let Some(s) = self.seqs.get_mut(&seq) {
+                s.broken = true;
+            }
+        }
+        r
+    }
+
+    fn step_inner(&mut self, seq: u64, spec: Option<SeqSpec>, tokens: Vec<u32>) -> Result<StepOutput, String> {
+        let mut cached = 0;
         if let Some(spec) = spec {
-            let state = SequenceState::new(&self.args.model, spec.capacity).map_err(|e| e.to_string())?;
+            let mut state = SequenceState::new(&self.args.model, spec.capacity).map_err(|e| e.to_string())?;
+            cached = self.args.reuse.restore(&tokens, &mut state);
             let sampler = Sampler::new(spec.sampling).map_err(|e| e.to_string())?;
-            self.seqs.insert(seq, Seq { state, sampler, history: vec![], return_logits: spec.return_logits });
+            let s = Seq { state, sampler, history: vec![], return_logits: spec.return_logits, last_anchor: cached, broken: false };
+            self.seqs.insert(seq, s);
         }
         let s = self.seqs.get_mut(&seq).ok_or("unknown sequence")?;
-        let tokens = if tokens.is_empty() {
-            vec![*s.history.last().ok_or("no token to continue from")?]
-        } else {
+        let prompt = !tokens.is_empty();
+        let tokens = if prompt {
             s.history.extend(&tokens);
             tokens
+        } else {
+            vec![*s.history.last().ok_or("no token to continue from")?]
         };
         let start = Instant::now();
         let messaging_before = self.run.messaging_s;
-        let logits = self.forward(seq, &tokens, Logits::Last)?;
+        let logits = if prompt { self.prefill(seq, &tokens, cached)? } else { self.forward(seq, &tokens, Logits::Last)? };
         self.dev.steps += 1;
-        if tokens.len() == 1 {
+        if !prompt {
             self.dev.decode_steps += 1;
             self.dev.decode_s += start.elapsed().as_secs_f64();
             self.dev.actor_overhead_s += self.run.messaging_s - messaging_before;
+            let s = self.seqs.get_mut(&seq).ok_or("unknown sequence")?;
+            if self.args.reuse.anchor_after_decode(tokens[0], s.state.len(), s.last_anchor) {
+                self.save_anchor(seq);
+            }
         }
         let s = self.seqs.get_mut(&seq).ok_or("unknown sequence")?;
         let token = s.sampler.sample(&logits, &s.history);
         s.history.push(token);
-        Ok(StepOutput { token, logits: s.return_logits.then_some(logits) })
+        Ok(StepOutput { token, logits: s.return_logits.then_some(logits), cached })
+    }
+
+    /// Runs a prompt from `cached` on, pausing where anchors are to be recorded, and
+    /// records one at the prompt's end.
+    fn prefill(&mut self, seq: u64, prompt: &[u32], cached: usize) -> Result<Vec<f32>, String> {
+        let mut at = cached;
+        for stop in self.args.reuse.prefill_stops(prompt, cached) {
+            self.forward(seq, &prompt[at..stop], Logits::None)?;
+            self.dev.prefill_tokens += (stop - at) as u64;
+            at = stop;
+            self.save_anchor(seq);
+        }
+        let logits = self.forward(seq, &prompt[at..], Logits::Last)?;
+        self.dev.prefill_tokens += (prompt.len() - at) as u64;
+        self.save_anchor(seq);
+        Ok(logits)
+    }
+
+    /// Records the sequence's current state as an anchor (a failure only costs reuse).
+    fn save_anchor(&mut self, seq: u64) {
+        let Some(s) = self.seqs.get_mut(&seq) else { return };
+        if s.broken || !self.args.reuse.enabled() {
+            return;
+        }
+        let len = s.state.len();
+        match s.history.get(..len) {
+            Some(tokens) => {
+                if let Err(e) = self.args.reuse.record(tokens, &s.state) {
+                    tracing::warn!("prefix reuse: anchor at {len} tokens not saved: {e}");
+                }
+                s.last_anchor = len;
+            }
+            None => tracing::warn!("prefix reuse: state of {len} tokens is longer than its history"),
+        }
     }
 
     fn resize(&mut self, slots: u64) -> Result<u64, String> {
@@ -185,6 +246,7 @@ impl Worker {
 
     fn stats(&mut self) -> EngineStats {
         let mut d = self.dev.clone();
+        d.reuse = self.args.reuse.stats();
         let mut layers: Vec<(usize, LayerStats)> = self.run.layers.iter().map(|(l, s)| (*l, s.clone())).collect();
         layers.sort_by_key(|(l, _)| *l);
         d.total = LayerStats::default();
@@ -214,7 +276,8 @@ impl Worker {
                         const SCRATCH: u64 = u64::MAX;
                         let state = SequenceState::new(&self.args.model, prompt.len()).map_err(|e| e.to_string())?;
                         let sampler = Sampler::new(SamplingParams::greedy()).map_err(|e| e.to_string())?;
-                        self.seqs.insert(SCRATCH, Seq { state, sampler, history: vec![], return_logits: false });
+                        let s = Seq { state, sampler, history: vec![], return_logits: false, last_anchor: 0, broken: false };
+                        self.seqs.insert(SCRATCH, s);
                         let r = self.forward(SCRATCH, &prompt, Logits::All);
                         self.seqs.remove(&SCRATCH);
                         r
@@ -222,6 +285,8 @@ impl Worker {
                     let _ = reply.send(r);
                 }
                 DeviceMsg::DropSeq { seq } => {
+                    // The finished conversation is what the agent's next request continues.
+                    self.save_anchor(seq);
                     self.seqs.remove(&seq);
                 }
                 DeviceMsg::Resize { slots, reply } => {

@@ -69,6 +69,18 @@ pub struct ConfigArgs {
     #[arg(long, value_name = "DIR")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cache_dir: Option<String>,
+    /// Bytes of saved conversation state for prefix reuse (e.g. 4GiB; 0 turns reuse off).
+    #[arg(long, value_name = "BYTES")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prefix_cache_budget: Option<String>,
+    /// Of those, bytes kept in device memory: bytes or auto.
+    #[arg(long, value_name = "BYTES|auto")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prefix_cache_device_budget: Option<String>,
+    /// Recurrent models: anchor every N tokens of a stretch without a boundary token.
+    #[arg(long, value_name = "N")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub anchor_interval: Option<usize>,
     /// Address to listen on.
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]

@@ -35,6 +35,13 @@ pub struct EngineConfig {
     pub b_h: Option<f64>,
     /// Where bandwidth profiles are kept (`None`: the user cache folder; profiles off if none).
     pub cache_dir: Option<PathBuf>,
+    /// Bytes of saved conversation state kept for prefix reuse (0: reuse off).
+    pub prefix_cache_budget: u64,
+    /// Of those, bytes kept in device memory (`None`: all of it on the CPU backend; on a GPU
+    /// 5% of device memory, at most 1 GiB, taken from the expert cache).
+    pub prefix_cache_device_budget: Option<u64>,
+    /// Recurrent models: anchor every this many tokens of a stretch without a boundary.
+    pub anchor_interval: usize,
 }
 
 impl Default for EngineConfig {
@@ -53,6 +60,9 @@ impl Default for EngineConfig {
             b_p: None,
             b_h: None,
             cache_dir: None,
+            prefix_cache_budget: 4 << 30,
+            prefix_cache_device_budget: None,
+            anchor_interval: 512,
         }
     }
 }
@@ -253,8 +263,12 @@ pub struct EngineStats {
     pub actor_overhead_s: f64,
     /// Tokens generated.
     pub tokens_generated: u64,
-    /// Prompt tokens processed.
+    /// Prompt tokens of finished prefills (reused ones included).
     pub prompt_tokens: u64,
+    /// Prompt tokens actually run through the model (prefill work after reuse).
+    pub prefill_tokens: u64,
+    /// Agent-aware prefix reuse: saved states, budget, hits, reused tokens.
+    pub reuse: crate::kv::reuse::ReuseStats,
     /// Requests completed.
     pub requests: u64,
     /// Sequences running.

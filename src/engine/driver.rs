@@ -61,6 +61,7 @@ struct Sequence {
     submitted: Instant,
     first_token: Option<Instant>,
     started: bool,
+    cached: usize,
 }
 
 /// The driver's state.
@@ -121,7 +122,7 @@ impl DriverState {
         let _ = seq.events.send(GenEvent::Done(Completion {
             finish,
             prompt_tokens: seq.req.prompt.len(),
-            cached_tokens: 0,
+            cached_tokens: seq.cached,
             completion_tokens: seq.generated,
             time_to_first_token: seq.first_token.map_or(now - seq.submitted, |t| t - seq.submitted),
             total_time: now - seq.submitted,
@@ -259,6 +260,7 @@ impl Actor for EngineDriver {
                     submitted: Instant::now(),
                     first_token: None,
                     started: false,
+                    cached: 0,
                 };
                 let _ = reply.send(Ok(id));
                 if budget == 0 {
@@ -331,6 +333,7 @@ impl Actor for EngineDriver {
                     Ok(out) => {
                         if s.generated == 0 {
                             st.stats.prompt_tokens += s.req.prompt.len() as u64;
+                            s.cached = out.cached;
                             s.first_token = Some(Instant::now());
                         }
                         s.generated += 1;

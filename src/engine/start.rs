@@ -14,6 +14,8 @@ use crate::actors::HostExperts;
 use crate::device::{create_backend, DeviceOptions};
 use crate::model::generation_config::GenerationConfig;
 use crate::model::info::stats;
+use crate::kv::reuse::{PrefixStore, ReuseSettings};
+use crate::model::config::LayerKind;
 use crate::model::Model;
 use crate::policy::{self, plan_memory, BandwidthProfile, KvReserve, MemoryInputs, SplitCosts, VramBudget};
 use crate::tokenizer::Tokenizer;
@@ -106,6 +108,11 @@ pub(super) async fn spawn(
         _ => None,
     };
     let mem = backend.memory_info().map_err(start_err)?;
+    let reuse_device = match (config.prefix_cache_device_budget, cpu_device) {
+        (Some(b), _) => b.min(config.prefix_cache_budget),
+        (None, true) => config.prefix_cache_budget,
+        (None, false) => (mem.total / 20).min(1 << 30).min(config.prefix_cache_budget),
+    };
     let memory = plan_memory(&MemoryInputs {
         device_free: mem.free,
         device_total: mem.total,
@@ -113,7 +120,10 @@ pub(super) async fn spawn(
         non_expert_bytes: if cpu_device { 0 } else { st.non_expert_bytes },
         kv: KvReserve { bytes_per_token: st.kv_bytes_per_token, context: context as u64, sequences: config.max_active as u64 },
         // Recurrent layers keep a fixed-size state per sequence beside the per-token caches.
-        scratch_bytes: (64 << 20) + st.state_bytes_per_sequence * config.max_active as u64,
+        // Saved prefix states kept on a GPU are reserved like scratch.
+        scratch_bytes: (64 << 20)
+            + st.state_bytes_per_sequence * config.max_active as u64
+            + if cpu_device { 0 } else { reuse_device },
         expert_bytes: st.bytes_per_expert,
         experts_per_layer: cfg.num_experts as u64,
         moe_layers: cfg.num_moe_layers() as u64,
@@ -170,6 +180,16 @@ pub(super) async fn spawn(
         prefill: config.prefill,
         bandwidths: (b_p, b_h),
         streaming_available: memory.streaming_prefill || config.prefill == PrefillMode::Stream,
+        reuse: PrefixStore::new(
+            ReuseSettings {
+                budget: config.prefix_cache_budget,
+                device_budget: reuse_device,
+                interval: config.anchor_interval.max(1),
+                boundary_ids: tokenizer.as_ref().map(|t| t.boundary_ids()).unwrap_or_default(),
+            },
+            cfg.num_layers_of(LayerKind::LinearAttention) > 0,
+            backend.clone(),
+        ),
     };
     let (device, _) = Actor::spawn(None, DeviceStream, device_args).await.map_err(start_err)?;
     let info = Arc::new(EngineInfo {

@@ -2,6 +2,8 @@
 //! layers and the convolution + recurrent state of linear-attention layers, sized for one
 //! sequence's context; plus snapshots of it, which anchors keep to resume a conversation.
 
+pub mod reuse;
+
 use crate::model::config::LayerKind;
 use crate::model::{Model, ModelError};
 use ft_backend::{Backend, BufferUsage, CopyDesc, DType, DeviceBuffer, StreamId};

@@ -101,6 +101,16 @@ impl Metrics {
         metric("ft_expert_fetched_total", "counter", "Cache misses fetched into slots.", plain(t.fetched as f64));
         metric("ft_expert_cpu_computed_total", "counter", "Cache misses computed on the CPU.", plain(t.cpu_computed as f64));
         metric("ft_expert_bytes_moved_total", "counter", "Bytes copied host to device for experts.", plain(t.bytes_moved as f64));
+        let r = &s.reuse;
+        metric("ft_prefill_tokens_total", "counter", "Prompt tokens run through the model (after reuse).", plain(s.prefill_tokens as f64));
+        metric("ft_prefix_cache_budget_bytes", "gauge", "Budget for saved conversation state (prefix reuse).", plain(r.index.budget as f64));
+        metric("ft_prefix_cache_device_budget_bytes", "gauge", "Part of that budget kept in device memory.", plain(r.device_budget as f64));
+        metric("ft_prefix_cache_bytes", "gauge", "Bytes of saved conversation state.", plain(r.index.bytes as f64));
+        metric("ft_prefix_cache_device_bytes", "gauge", "Bytes of saved state in device memory.", plain(r.device_bytes as f64));
+        metric("ft_prefix_cache_anchors", "gauge", "Saved anchors (restore points).", plain(r.index.anchors as f64));
+        metric("ft_prefix_cache_hits_total", "counter", "Prompts that resumed from saved state.", plain(r.index.hits as f64));
+        metric("ft_prefix_cache_misses_total", "counter", "Prompts with no saved state to resume.", plain(r.index.misses as f64));
+        metric("ft_prefix_cache_evictions_total", "counter", "Anchors evicted under the budget.", plain(r.index.evictions as f64));
         metric(
             "ft_actor_overhead_ratio",
             "gauge",

@@ -52,7 +52,28 @@ pub async fn cache_status(State(state): State<AppState>) -> Result<Json<Value>, 
         "evictions": s.cache.evictions,
         "bandwidth": {"host_to_device_bytes_per_s": info.b_p, "cpu_expert_bytes_per_s": info.b_h, "source": info.bandwidth_source},
         "layers": layers,
+        "prefix_cache": prefix_cache_json(&s),
     })))
+}
+
+/// The agent-aware prefix reuse part of `/v1/cache/status`.
+fn prefix_cache_json(s: &crate::engine::EngineStats) -> Value {
+    let r = &s.reuse;
+    json!({
+        "enabled": r.index.budget > 0,
+        "budget_bytes": r.index.budget,
+        "device_budget_bytes": r.device_budget,
+        "bytes": r.index.bytes,
+        "device_bytes": r.device_bytes,
+        "host_bytes": r.index.bytes.saturating_sub(r.device_bytes),
+        "anchors": r.index.anchors,
+        "hits": r.index.hits,
+        "misses": r.index.misses,
+        "evictions": r.index.evictions,
+        "demoted_to_host": r.demoted,
+        "reused_tokens": r.reused_tokens,
+        "prefill_tokens": s.prefill_tokens,
+    })
 }
 
 #[derive(Deserialize)]
