@@ -289,8 +289,8 @@ impl SequenceState {
                 snapshot.len
             )));
         }
-        if snapshot.len > self.capacity {
-            return Err(ModelError::ContextOverflow { needed: snapshot.len, capacity: self.capacity });
+        if len > self.capacity {
+            return Err(ModelError::ContextOverflow { needed: len, capacity: self.capacity });
         }
         // Check every buffer before copying any, so a mismatch leaves this state untouched.
         let want = self.snapshot_extents(snapshot.len);
