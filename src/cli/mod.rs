@@ -4,6 +4,7 @@ mod bench;
 mod generate;
 mod info;
 mod launch;
+mod replay;
 mod serve;
 mod synth;
 
@@ -33,6 +34,8 @@ enum Command {
     Info(info::InfoArgs),
     /// Measure prefill/decode speed against the machine's memory bandwidth.
     Bench(bench::BenchArgs),
+    /// Replay an agent transcript with edits, with and without prefix reuse (prefill, TTFT).
+    BenchReplay(replay::ReplayArgs),
     /// Write a checkpoint with random weights of a real model's shape.
     Synth(synth::SynthArgs),
     /// Serve the model over OpenAI- and Anthropic-compatible HTTP APIs.
@@ -133,6 +136,7 @@ pub fn main() -> ExitCode {
         Command::Logits(a) => generate::run_logits(a),
         Command::Info(a) => info::run(a),
         Command::Bench(a) => bench::run(a),
+        Command::BenchReplay(a) => replay::run(a),
         Command::Synth(a) => synth::run(a),
         Command::Serve(a) => serve::run(a),
         Command::Launch(a) => launch::run(a),

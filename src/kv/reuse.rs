@@ -136,33 +136,50 @@ impl PrefixStore {
     /// Where a prefill of `prompt[from..]` pauses so an anchor can be recorded (positions
     /// strictly inside the range; the prompt's end is recorded anyway). Only recurrent models
     /// pause: attention state can be cut afterwards at any position.
+    ///
+    /// Two kinds of pause: the last [`MAX_PREFILL_STOPS`] boundaries (where the next request
+    /// most likely edits or continues), and one about every `interval` tokens through the
+    /// whole range, placed on a boundary where there is one, so that an edit or rewind deep in
+    /// a long prompt still finds state within `interval` tokens before it.
     pub fn prefill_stops(&self, prompt: &[u32], from: usize) -> Vec<usize> {
         if !self.enabled() || !self.recurrent {
             return vec![];
         }
         let interval = self.interval();
-        let mut candidates = Vec::new();
+        let boundaries: Vec<usize> = (from + 1..prompt.len()).filter(|&p| self.is_boundary(prompt[p - 1])).collect();
+        let mut stops = Vec::new();
+        // Spaced pauses: the last boundary before each interval mark, else the mark itself.
         let mut last = from;
-        for p in from + 1..prompt.len() {
-            if self.is_boundary(prompt[p - 1]) || p - last >= interval {
-                candidates.push(p);
-                last = p;
+        let mut b = 0;
+        while last + interval < prompt.len() {
+            let mark = last + interval;
+            let mut best = None;
+            while b < boundaries.len() && boundaries[b] <= mark {
+                if boundaries[b] > last {
+                    best = Some(boundaries[b]);
+                }
+                b += 1;
             }
+            last = best.unwrap_or(mark);
+            stops.push(last);
         }
-        // Keep the deepest: walking back from the end, a stop must leave a gap to the next.
-        let mut kept = Vec::new();
+        // The last few boundaries; a shallower one closer than MIN_STOP_GAP to a kept one
+        // saves little and costs a pause.
         let mut next = prompt.len();
-        for &p in candidates.iter().rev() {
-            if kept.len() == MAX_PREFILL_STOPS {
+        let mut kept = 0;
+        for &p in boundaries.iter().rev() {
+            if kept == MAX_PREFILL_STOPS {
                 break;
             }
             if next - p >= MIN_STOP_GAP {
-                kept.push(p);
+                stops.push(p);
+                kept += 1;
                 next = p;
             }
         }
-        kept.reverse();
-        kept
+        stops.sort_unstable();
+        stops.dedup();
+        stops
     }
 
     /// Whether a decode step that just ran `token`, leaving `len` tokens of state with the last
@@ -246,5 +263,74 @@ impl PrefixStore {
             }
         }
         Ok(self.stats.device_bytes + bytes <= self.settings.device_budget)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ft_backend_cpu::{CpuBackend, CpuOptions};
+
+    const B: u32 = 7;
+
+    fn store(recurrent: bool, budget: u64, interval: usize) -> PrefixStore {
+        let backend: Arc<dyn Backend> = Arc::new(CpuBackend::new(CpuOptions::default()).expect("cpu backend"));
+        let settings = ReuseSettings { budget, device_budget: budget, interval, boundary_ids: vec![B] };
+        PrefixStore::new(settings, recurrent, backend)
+    }
+
+    /// `n` tokens with a boundary after every `every` of them.
+    fn prompt(n: usize, every: usize) -> Vec<u32> {
+        (0..n).map(|i| if (i + 1) % every == 0 { B } else { 100 + (i % 50) as u32 }).collect()
+    }
+
+    #[test]
+    fn attention_models_and_disabled_stores_never_pause() {
+        let p = prompt(300, 20);
+        assert!(store(false, 1 << 20, 64).prefill_stops(&p, 0).is_empty());
+        assert!(store(true, 0, 64).prefill_stops(&p, 0).is_empty());
+        assert!(!store(true, 0, 64).anchor_after_decode(B, 10, 0));
+        assert!(!store(false, 1 << 20, 64).anchor_after_decode(B, 10, 0));
+    }
+
+    #[test]
+    fn pauses_after_the_last_boundaries_and_about_every_interval() {
+        let s = store(true, 1 << 20, 100);
+        let p = prompt(1000, 40);
+        let stops = s.prefill_stops(&p, 0);
+        // Every stop is after a boundary (boundaries are dense enough here) and inside the range.
+        assert!(stops.iter().all(|&x| x > 0 && x < p.len() && p[x - 1] == B), "{stops:?}");
+        // The last MAX_PREFILL_STOPS boundaries are all kept (gaps of 40 ≥ MIN_STOP_GAP).
+        let last: Vec<usize> = (1..=MAX_PREFILL_STOPS).map(|k| 1000 - 40 * k).collect();
+        assert!(last.iter().all(|x| stops.contains(x)), "{stops:?}");
+        // No stretch between pauses is longer than the interval.
+        let mut prev = 0;
+        for &x in stops.iter().chain([&p.len()]) {
+            assert!(x - prev <= 100, "gap {prev}..{x} in {stops:?}");
+            prev = x;
+        }
+        // A prefill that starts late pauses only after its start.
+        assert!(s.prefill_stops(&p, 900).iter().all(|&x| x > 900));
+    }
+
+    #[test]
+    fn long_stretches_without_boundaries_pause_at_the_interval() {
+        let s = store(true, 1 << 20, 64);
+        let p: Vec<u32> = (0..300).map(|i| 100 + i % 50).collect();
+        assert_eq!(s.prefill_stops(&p, 10), vec![74, 138, 202, 266]);
+        assert!(s.anchor_after_decode(1, 74, 10));
+        assert!(!s.anchor_after_decode(1, 73, 10));
+        assert!(s.anchor_after_decode(B, 11, 10));
+    }
+
+    #[test]
+    fn close_boundaries_keep_the_deeper_one() {
+        let s = store(true, 1 << 20, 10_000);
+        // Boundaries at 50 and 52 (too close): only 52 is kept; 90 is within MIN_STOP_GAP of the end.
+        let mut p: Vec<u32> = (0..100).map(|i| 100 + i % 50).collect();
+        p[49] = B;
+        p[51] = B;
+        p[89] = B;
+        assert_eq!(s.prefill_stops(&p, 0), vec![52]);
     }
 }

@@ -6,6 +6,8 @@
 //! achieved GB/s and its fraction of the read bandwidth this command measures itself, plus
 //! the expert cache behaviour (hit rate, bytes moved) and the actor overhead per step.
 
+pub mod replay;
+
 use crate::engine::{EngineError, EngineHandle, EngineRequest, GenEvent};
 use rayon::prelude::*;
 use std::time::Instant;
