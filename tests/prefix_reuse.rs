@@ -236,6 +236,12 @@ fn check_transcript(model: &str) {
     let template = ChatTemplate::from_tokenizer(&tok).expect("template");
     let transcript = transcript();
     let prompts: Vec<Vec<u32>> = transcript.iter().map(|(_, m)| render(&tok, &template, m)).collect();
+    // Chat-template stability: the same history renders to the same tokens every time, and a
+    // history extended by a turn renders to a strict extension of the shorter one.
+    for ((_, m), p) in transcript.iter().zip(&prompts) {
+        assert_eq!(&render(&tok, &template, m), p, "{model}: rendering is not deterministic");
+    }
+    assert_eq!(lcp(&prompts[0], &prompts[1]), prompts[0].len(), "{model}: an appended turn extends the prompt");
 
     let rt = rt();
     let (on, off) = rt.block_on(async {

@@ -114,8 +114,16 @@ pub fn transcript(tok: &Tokenizer, o: &ReplayOptions) -> Result<Vec<ReplayReques
     Ok(out)
 }
 
-/// Runs the requests one after another on `engine`.
+/// Runs the requests one after another on `engine`, after a warm-up request that shares no
+/// token with them (so the first measured request does not pay for first touches of the
+/// mapped weights, and the warm-up leaves no state the transcript could reuse).
 pub async fn replay(engine: &EngineHandle, requests: &[ReplayRequest], gen_tokens: usize, progress: &mut dyn FnMut(&str)) -> Result<Vec<TurnCost>, EngineError> {
+    let used: std::collections::HashSet<u32> = requests.iter().flat_map(|r| r.prompt.iter().copied()).collect();
+    let vocab = engine.info().config.vocab_size as u32;
+    let warm: Vec<u32> = (0..vocab).filter(|t| !used.contains(t)).take(64).collect();
+    if !warm.is_empty() {
+        engine.generate(EngineRequest::greedy(warm, gen_tokens.max(1))).await?.collect().await?;
+    }
     let mut out = vec![];
     for (i, r) in requests.iter().enumerate() {
         let before = engine.stats().await?.prefill_tokens;

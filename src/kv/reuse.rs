@@ -209,6 +209,15 @@ impl PrefixStore {
             tracing::debug!(bytes, budget = self.settings.budget, "prefix reuse: state larger than the whole budget; not saved");
             return Ok(());
         }
+        // Attention state for a longer prefix serves every shorter one on its path: drop those
+        // first, so they make room instead of pushing out other conversations.
+        if !self.recurrent {
+            for id in self.index.ancestors(tokens) {
+                if let Some(gone) = self.index.remove(id) {
+                    self.forget(&gone);
+                }
+            }
+        }
         let snapshot = if self.make_device_room(bytes)? { state.snapshot()? } else { state.snapshot_to_host()? };
         if snapshot.on_device() {
             self.stats.device_bytes += bytes;
@@ -223,14 +232,6 @@ impl PrefixStore {
         self.stats.recorded += 1;
         for gone in inserted.evicted {
             self.forget(&gone);
-        }
-        // Attention state for a longer prefix serves every shorter one on its path.
-        if !self.recurrent {
-            for id in self.index.ancestors(tokens) {
-                if let Some(gone) = self.index.remove(id) {
-                    self.forget(&gone);
-                }
-            }
         }
         Ok(())
     }
