@@ -4,7 +4,8 @@
 use crate::memory::wbuf;
 use crate::WgpuBackend;
 use ft_backend::{
-    AttentionDesc, Backend, BackendError, BackendKind, BinaryOp, BufferUsage, CopyDesc, DType, DeviceBuffer, EventId,
+    AttentionDesc, Backend, BackendError, BackendKind, BinaryOp, BufferUsage, ConvDesc, CopyDesc, DType, DeltaRuleDesc,
+    DeltaRuleInputs, DeviceBuffer, EventId,
     HostBytes, MatmulDesc, MemoryInfo, Op, Result, RmsNormDesc, RopeDesc, StreamId, TopK,
 };
 use std::any::Any;
@@ -45,10 +46,14 @@ impl Backend for WgpuBackend {
     fn supports(&self, op: Op, dtype: DType) -> bool {
         match op {
             // Weight, cache, table or copied data: every dtype is decoded in the shaders.
-            Op::Matmul | Op::RmsNorm | Op::Attention | Op::GatherRows | Op::Copy => true,
-            Op::Rope | Op::Binary | Op::Scale | Op::Softmax | Op::TopK | Op::ScatterAddRows => dtype == DType::F32,
-            // No shaders yet for the recurrent (Gated DeltaNet) layers.
-            Op::CausalConv1d | Op::GatedDeltaRule => false,
+            Op::Matmul | Op::RmsNorm | Op::Attention | Op::GatherRows | Op::Copy | Op::CausalConv1d => true,
+            Op::Rope
+            | Op::Binary
+            | Op::Scale
+            | Op::Softmax
+            | Op::TopK
+            | Op::ScatterAddRows
+            | Op::GatedDeltaRule => dtype == DType::F32,
         }
     }
 
@@ -183,5 +188,26 @@ impl Backend for WgpuBackend {
         cols: usize,
     ) -> Result<()> {
         self.run_scatter_add(acc, x, rows, scales, cols)
+    }
+
+    fn causal_conv1d(
+        &self,
+        x: &DeviceBuffer,
+        w: &DeviceBuffer,
+        state: &mut DeviceBuffer,
+        out: &mut DeviceBuffer,
+        desc: &ConvDesc,
+    ) -> Result<()> {
+        self.run_conv(x, w, state, out, desc)
+    }
+
+    fn gated_delta_rule(
+        &self,
+        inputs: &DeltaRuleInputs<'_>,
+        state: &mut DeviceBuffer,
+        out: &mut DeviceBuffer,
+        desc: &DeltaRuleDesc,
+    ) -> Result<()> {
+        self.run_delta_rule(inputs, state, out, desc)
     }
 }

@@ -17,6 +17,7 @@ mod elementwise;
 mod memory;
 mod ops;
 mod pipelines;
+mod recurrent;
 
 use ft_backend::{Backend, BackendError};
 use std::sync::Arc;

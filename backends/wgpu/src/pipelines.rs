@@ -26,6 +26,8 @@ pub(crate) enum Kernel {
     Gather,
     ScatterAdd,
     Copy16,
+    Conv,
+    DeltaRule,
 }
 
 impl Kernel {
@@ -37,6 +39,7 @@ impl Kernel {
             Kernel::Attention => ("attention", shader!("attention.wgsl")),
             Kernel::Binary | Kernel::Scale | Kernel::Softmax => ("elementwise", shader!("elementwise.wgsl")),
             Kernel::Gather | Kernel::ScatterAdd | Kernel::Copy16 => ("rows", shader!("rows.wgsl")),
+            Kernel::Conv | Kernel::DeltaRule => ("recurrent", shader!("recurrent.wgsl")),
         }
     }
 
@@ -48,6 +51,8 @@ impl Kernel {
             Kernel::Gather => "gather",
             Kernel::ScatterAdd => "scatter_add",
             Kernel::Copy16 => "copy16",
+            Kernel::Conv => "conv",
+            Kernel::DeltaRule => "delta_rule",
             _ => "main",
         }
     }
