@@ -29,8 +29,8 @@ override VDT: u32 = 0u;
 const WG: u32 = 64u;
 // Per-thread value accumulators: v_head_dim <= WG * VPT (checked on the host).
 const VPT: u32 = 16u;
-const MAX_HEAD_DIM: u32 = 1024u;
 
+// head_dim <= 1024 (checked on the host).
 var<workgroup> qs: array<f32, 1024>;
 var<workgroup> pj: array<f32, 64>;
 var<workgroup> red: array<f32, 64>;

@@ -78,7 +78,7 @@ fn conv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 @group(0) @binding(11) var<storage, read_write> dout: array<f32>;
 
 const WG: u32 = 64u;
-const MAX_DK: u32 = 256u;
+// k_head_dim <= 256 (checked on the host).
 var<workgroup> qn: array<f32, 256>;
 var<workgroup> kn: array<f32, 256>;
 var<workgroup> red_q: array<f32, 64>;

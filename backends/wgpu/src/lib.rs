@@ -4,7 +4,8 @@
 //!
 //! Kernels are WGSL compute shaders in `shaders/*.wgsl`, embedded with `include_str!` and
 //! compiled on first use. Narrow weights (bf16/f16) stay packed two to a `u32` word and are
-//! decoded with bit operations, so no optional adapter feature is required.
+//! decoded with bit operations, so no optional adapter feature is required. Every op of the
+//! trait is implemented, the recurrent (Gated DeltaNet) ones included.
 //!
 //! wgpu exposes one queue per device. Streams are therefore ids over that queue: all work
 //! runs in submission order, which is at least as strong as any cross-stream ordering the
