@@ -69,7 +69,12 @@ impl WgpuBackend {
             memory_hints: wgpu::MemoryHints::Performance,
             ..Default::default()
         }))
-        .map_err(|e| BackendError::Unavailable(format!("wgpu adapter {}: cannot open a device: {e}", info.name)))?;
+        .map_err(|e| {
+            BackendError::Unavailable(format!(
+                "wgpu adapter {}: cannot open a device: {e}",
+                info.name
+            ))
+        })?;
         let device_errors = Arc::new(Mutex::new(Vec::new()));
         let sink = device_errors.clone();
         // wgpu's default handler panics; errors become results of the next call instead.
@@ -79,8 +84,16 @@ impl WgpuBackend {
                 v.push(e.to_string());
             }
         }));
-        let memory_total = opts.memory_bytes.or_else(env_memory).unwrap_or_else(|| estimate_memory(&info));
-        tracing::info!("wgpu adapter: {} ({:?}, {:?})", info.name, info.backend, info.device_type);
+        let memory_total = opts
+            .memory_bytes
+            .or_else(env_memory)
+            .unwrap_or_else(|| estimate_memory(&info));
+        tracing::info!(
+            "wgpu adapter: {} ({:?}, {:?})",
+            info.name,
+            info.backend,
+            info.device_type
+        );
         Ok(Self {
             pipelines: PipelineCache::default(),
             device,
@@ -108,7 +121,11 @@ impl WgpuBackend {
             .copied()
             .collect::<Vec<_>>()
             .join(" ");
-        let name = if i.name.is_empty() { "unnamed adapter" } else { i.name.as_str() };
+        let name = if i.name.is_empty() {
+            "unnamed adapter"
+        } else {
+            i.name.as_str()
+        };
         if driver.is_empty() {
             format!("{name} ({:?}, {:?})", i.backend, i.device_type)
         } else {
@@ -118,12 +135,18 @@ impl WgpuBackend {
 
     pub(crate) fn memory(&self) -> MemoryInfo {
         let used = self.allocated.load(Ordering::Relaxed);
-        MemoryInfo { free: self.memory_total.saturating_sub(used), total: self.memory_total }
+        MemoryInfo {
+            free: self.memory_total.saturating_sub(used),
+            total: self.memory_total,
+        }
     }
 
     /// Fails with the first error wgpu reported since the last check.
     pub(crate) fn check_device(&self) -> Result<()> {
-        let mut errs = self.device_errors.lock().map_err(|_| BackendError::Device("error list poisoned".into()))?;
+        let mut errs = self
+            .device_errors
+            .lock()
+            .map_err(|_| BackendError::Device("error list poisoned".into()))?;
         if errs.is_empty() {
             Ok(())
         } else {
@@ -143,7 +166,11 @@ impl WgpuBackend {
 }
 
 fn env_memory() -> Option<u64> {
-    let mib: u64 = std::env::var("FT_WGPU_MEMORY_MIB").ok()?.trim().parse().ok()?;
+    let mib: u64 = std::env::var("FT_WGPU_MEMORY_MIB")
+        .ok()?
+        .trim()
+        .parse()
+        .ok()?;
     Some(mib << 20)
 }
 
@@ -153,7 +180,9 @@ fn env_memory() -> Option<u64> {
 fn estimate_memory(info: &wgpu::AdapterInfo) -> u64 {
     const FALLBACK: u64 = 4 << 30;
     match info.device_type {
-        wgpu::DeviceType::Cpu | wgpu::DeviceType::IntegratedGpu => host_ram().map_or(FALLBACK, |r| r / 2),
+        wgpu::DeviceType::Cpu | wgpu::DeviceType::IntegratedGpu => {
+            host_ram().map_or(FALLBACK, |r| r / 2)
+        }
         _ => FALLBACK,
     }
 }

@@ -4,9 +4,9 @@
 use crate::memory::wbuf;
 use crate::WgpuBackend;
 use ft_backend::{
-    AttentionDesc, Backend, BackendError, BackendKind, BinaryOp, BufferUsage, ConvDesc, CopyDesc, DType, DeltaRuleDesc,
-    DeltaRuleInputs, DeviceBuffer, EventId,
-    HostBytes, MatmulDesc, MemoryInfo, Op, Result, RmsNormDesc, RopeDesc, StreamId, TopK,
+    AttentionDesc, Backend, BackendError, BackendKind, BinaryOp, BufferUsage, ConvDesc, CopyDesc,
+    DType, DeltaRuleDesc, DeltaRuleInputs, DeviceBuffer, EventId, HostBytes, MatmulDesc,
+    MemoryInfo, Op, Result, RmsNormDesc, RopeDesc, StreamId, TopK,
 };
 use std::any::Any;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -22,7 +22,10 @@ impl WgpuBackend {
     }
 
     fn event_flag(&self, e: EventId) -> Result<Arc<AtomicBool>> {
-        let events = self.events.lock().map_err(|_| BackendError::Device("event list poisoned".into()))?;
+        let events = self
+            .events
+            .lock()
+            .map_err(|_| BackendError::Device("event list poisoned".into()))?;
         usize::try_from(e.0)
             .ok()
             .and_then(|i| events.get(i).cloned())
@@ -46,7 +49,12 @@ impl Backend for WgpuBackend {
     fn supports(&self, op: Op, dtype: DType) -> bool {
         match op {
             // Weight, cache, table or copied data: every dtype is decoded in the shaders.
-            Op::Matmul | Op::RmsNorm | Op::Attention | Op::GatherRows | Op::Copy | Op::CausalConv1d => true,
+            Op::Matmul
+            | Op::RmsNorm
+            | Op::Attention
+            | Op::GatherRows
+            | Op::Copy
+            | Op::CausalConv1d => true,
             Op::Rope
             | Op::Binary
             | Op::Scale
@@ -65,19 +73,39 @@ impl Backend for WgpuBackend {
         self.alloc_buffer(dtype, len, usage)
     }
 
-    fn import_host(&self, data: HostBytes, dtype: DType, usage: BufferUsage) -> Result<DeviceBuffer> {
+    fn import_host(
+        &self,
+        data: HostBytes,
+        dtype: DType,
+        usage: BufferUsage,
+    ) -> Result<DeviceBuffer> {
         self.import(data, dtype, usage)
     }
 
-    fn upload(&self, stream: StreamId, src: &[u8], dst: &mut DeviceBuffer, dst_offset: usize) -> Result<()> {
+    fn upload(
+        &self,
+        stream: StreamId,
+        src: &[u8],
+        dst: &mut DeviceBuffer,
+        dst_offset: usize,
+    ) -> Result<()> {
         self.check_stream(stream)?;
         self.write_bytes(dst, dst_offset, src)
     }
 
-    fn download(&self, stream: StreamId, src: &DeviceBuffer, src_offset: usize, dst: &mut [u8]) -> Result<()> {
+    fn download(
+        &self,
+        stream: StreamId,
+        src: &DeviceBuffer,
+        src_offset: usize,
+        dst: &mut [u8],
+    ) -> Result<()> {
         self.check_stream(stream)?;
         let b = wbuf(src, "download source")?;
-        if src_offset.checked_add(dst.len()).is_none_or(|end| end > src.size_bytes()) {
+        if src_offset
+            .checked_add(dst.len())
+            .is_none_or(|end| end > src.size_bytes())
+        {
             return Err(BackendError::Shape(format!(
                 "download of {} bytes at {src_offset} from {}",
                 dst.len(),
@@ -87,7 +115,13 @@ impl Backend for WgpuBackend {
         self.read_bytes(b, src_offset as u64, dst)
     }
 
-    fn copy(&self, stream: StreamId, src: &DeviceBuffer, dst: &mut DeviceBuffer, desc: &CopyDesc) -> Result<()> {
+    fn copy(
+        &self,
+        stream: StreamId,
+        src: &DeviceBuffer,
+        dst: &mut DeviceBuffer,
+        desc: &CopyDesc,
+    ) -> Result<()> {
         self.check_stream(stream)?;
         self.copy_elements(src, dst, desc)
     }
@@ -101,8 +135,12 @@ impl Backend for WgpuBackend {
         let flag = Arc::new(AtomicBool::new(false));
         let f = flag.clone();
         // Fires once everything submitted so far (on any stream: there is one queue) is done.
-        self.queue.on_submitted_work_done(move || f.store(true, Ordering::Release));
-        let mut events = self.events.lock().map_err(|_| BackendError::Device("event list poisoned".into()))?;
+        self.queue
+            .on_submitted_work_done(move || f.store(true, Ordering::Release));
+        let mut events = self
+            .events
+            .lock()
+            .map_err(|_| BackendError::Device("event list poisoned".into()))?;
         events.push(flag);
         Ok(EventId(events.len() as u64 - 1))
     }
@@ -139,7 +177,13 @@ impl Backend for WgpuBackend {
         self.run_matmul(x, w, bias, out, desc)
     }
 
-    fn rms_norm(&self, x: &DeviceBuffer, w: &DeviceBuffer, out: &mut DeviceBuffer, desc: &RmsNormDesc) -> Result<()> {
+    fn rms_norm(
+        &self,
+        x: &DeviceBuffer,
+        w: &DeviceBuffer,
+        out: &mut DeviceBuffer,
+        desc: &RmsNormDesc,
+    ) -> Result<()> {
         self.run_rms_norm(x, w, out, desc)
     }
 
@@ -175,7 +219,13 @@ impl Backend for WgpuBackend {
         self.run_top_k(x, rows, cols, k)
     }
 
-    fn gather_rows(&self, src: &DeviceBuffer, ids: &[u32], cols: usize, out: &mut DeviceBuffer) -> Result<()> {
+    fn gather_rows(
+        &self,
+        src: &DeviceBuffer,
+        ids: &[u32],
+        cols: usize,
+        out: &mut DeviceBuffer,
+    ) -> Result<()> {
         self.run_gather(src, ids, cols, out)
     }
 

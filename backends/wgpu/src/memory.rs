@@ -7,7 +7,9 @@
 
 use crate::pipelines::{Bind, Kernel};
 use crate::{block_on, WgpuBackend};
-use ft_backend::{BackendError, BufferStorage, BufferUsage, CopyDesc, DType, DeviceBuffer, HostBytes, Result};
+use ft_backend::{
+    BackendError, BufferStorage, BufferUsage, CopyDesc, DType, DeviceBuffer, HostBytes, Result,
+};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -19,7 +21,8 @@ pub(crate) struct WgpuStorage {
 
 impl Drop for WgpuStorage {
     fn drop(&mut self) {
-        self.account.fetch_sub(self.buffer.size(), Ordering::Relaxed);
+        self.account
+            .fetch_sub(self.buffer.size(), Ordering::Relaxed);
     }
 }
 
@@ -41,19 +44,32 @@ pub(crate) fn wbuf<'a>(buf: &'a DeviceBuffer, what: &str) -> Result<&'a wgpu::Bu
 
 /// `a · b`, or a shape error naming `what`.
 pub(crate) fn need(a: usize, b: usize, what: &str) -> Result<usize> {
-    a.checked_mul(b).ok_or_else(|| BackendError::Shape(format!("{what}: {a} × {b} overflows")))
+    a.checked_mul(b)
+        .ok_or_else(|| BackendError::Shape(format!("{what}: {a} × {b} overflows")))
 }
 
 /// `v` as a shader index; shaders address elements with 32-bit integers.
 pub(crate) fn u32_of(v: usize, what: &str) -> Result<u32> {
-    u32::try_from(v).map_err(|_| BackendError::Shape(format!("{what}: {v} exceeds the 32-bit index range of the shaders")))
+    u32::try_from(v).map_err(|_| {
+        BackendError::Shape(format!(
+            "{what}: {v} exceeds the 32-bit index range of the shaders"
+        ))
+    })
 }
 
 /// Fails unless `buf` has `first + count` elements.
-pub(crate) fn check_range(buf: &DeviceBuffer, first: usize, count: usize, what: &str) -> Result<()> {
+pub(crate) fn check_range(
+    buf: &DeviceBuffer,
+    first: usize,
+    count: usize,
+    what: &str,
+) -> Result<()> {
     match first.checked_add(count) {
         Some(end) if end <= buf.len() => Ok(()),
-        _ => Err(BackendError::Shape(format!("{what}: elements {first}..+{count} of a buffer of {}", buf.len()))),
+        _ => Err(BackendError::Shape(format!(
+            "{what}: elements {first}..+{count} of a buffer of {}",
+            buf.len()
+        ))),
     }
 }
 
@@ -62,7 +78,11 @@ pub(crate) fn expect_dtype(buf: &DeviceBuffer, want: DType, what: &'static str) 
     if buf.dtype() == want {
         Ok(())
     } else {
-        Err(BackendError::DType { expected: want, got: buf.dtype(), what })
+        Err(BackendError::DType {
+            expected: want,
+            got: buf.dtype(),
+            what,
+        })
     }
 }
 
@@ -76,32 +96,54 @@ impl WgpuBackend {
     /// Binds elements `first..first + count` of `buf` (checked against its length). The whole
     /// buffer is bound when the adapter allows, else an aligned window around the range, so
     /// tensors larger than one binding (fused expert weights, big embeddings) still work.
-    pub(crate) fn window<'a>(&self, buf: &'a DeviceBuffer, first: usize, count: usize, what: &str) -> Result<Window<'a>> {
+    pub(crate) fn window<'a>(
+        &self,
+        buf: &'a DeviceBuffer,
+        first: usize,
+        count: usize,
+        what: &str,
+    ) -> Result<Window<'a>> {
         check_range(buf, first, count, what)?;
         let b = wbuf(buf, what)?;
-        let max_bind = u64::from(self.limits.max_storage_buffer_binding_size);
+        let max_bind = self.limits.max_storage_buffer_binding_size;
         if b.size() <= max_bind {
-            return Ok(Window { bind: Bind::all(b), base: u32_of(first, what)? });
+            return Ok(Window {
+                bind: Bind::all(b),
+                base: u32_of(first, what)?,
+            });
         }
         let es = buf.dtype().size() as u64;
         let align = u64::from(self.limits.min_storage_buffer_offset_alignment.max(4));
         let start = first as u64 * es;
         let offset = start / align * align;
-        let end = ((first + count) as u64 * es).next_multiple_of(4).max(offset + 4).min(b.size());
+        let end = ((first + count) as u64 * es)
+            .next_multiple_of(4)
+            .max(offset + 4)
+            .min(b.size());
         let size = end - offset;
         if size > max_bind {
             return Err(BackendError::Shape(format!(
                 "{what}: {size} bytes in one binding exceed the adapter's limit of {max_bind}"
             )));
         }
-        Ok(Window { bind: Bind { buffer: b, offset, size }, base: u32_of(((start - offset) / es) as usize, what)? })
+        Ok(Window {
+            bind: Bind {
+                buffer: b,
+                offset,
+                size,
+            },
+            base: u32_of(((start - offset) / es) as usize, what)?,
+        })
     }
 
     /// Creates a zeroed storage buffer for `bytes` bytes.
     fn create(&self, bytes: usize, contents: Option<&[u8]>) -> Result<wgpu::Buffer> {
         let size = (bytes.max(4) as u64).next_multiple_of(4);
         let free = self.memory().free;
-        let oom = || BackendError::OutOfMemory { requested: size, free };
+        let oom = || BackendError::OutOfMemory {
+            requested: size,
+            free,
+        };
         if size > self.limits.max_buffer_size || size > free {
             return Err(oom());
         }
@@ -109,7 +151,9 @@ impl WgpuBackend {
         let buffer = self.device.create_buffer(&wgpu::BufferDescriptor {
             label: None,
             size,
-            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
+            usage: wgpu::BufferUsages::STORAGE
+                | wgpu::BufferUsages::COPY_SRC
+                | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: contents.is_some(),
         });
         if block_on(scope.pop()).is_some() {
@@ -127,21 +171,43 @@ impl WgpuBackend {
         Ok(buffer)
     }
 
-    fn wrap(&self, buffer: wgpu::Buffer, dtype: DType, len: usize, usage: BufferUsage) -> DeviceBuffer {
-        let storage = WgpuStorage { buffer, account: self.allocated.clone() };
+    fn wrap(
+        &self,
+        buffer: wgpu::Buffer,
+        dtype: DType,
+        len: usize,
+        usage: BufferUsage,
+    ) -> DeviceBuffer {
+        let storage = WgpuStorage {
+            buffer,
+            account: self.allocated.clone(),
+        };
         DeviceBuffer::new(Box::new(storage), dtype, len, usage)
     }
 
-    pub(crate) fn alloc_buffer(&self, dtype: DType, len: usize, usage: BufferUsage) -> Result<DeviceBuffer> {
+    pub(crate) fn alloc_buffer(
+        &self,
+        dtype: DType,
+        len: usize,
+        usage: BufferUsage,
+    ) -> Result<DeviceBuffer> {
         let bytes = need(len, dtype.size(), "allocation")?;
         // wgpu zero-initialises new buffers.
         let buffer = self.create(bytes, None)?;
         Ok(self.wrap(buffer, dtype, len, usage))
     }
 
-    pub(crate) fn import(&self, data: HostBytes, dtype: DType, usage: BufferUsage) -> Result<DeviceBuffer> {
+    pub(crate) fn import(
+        &self,
+        data: HostBytes,
+        dtype: DType,
+        usage: BufferUsage,
+    ) -> Result<DeviceBuffer> {
         if !data.len().is_multiple_of(dtype.size()) {
-            return Err(BackendError::Shape(format!("{} bytes are not whole {dtype} values", data.len())));
+            return Err(BackendError::Shape(format!(
+                "{} bytes are not whole {dtype} values",
+                data.len()
+            )));
         }
         // Device memory is not host memory here, so the bytes are copied once at import.
         let buffer = self.create(data.len(), Some(data.as_slice()))?;
@@ -161,7 +227,9 @@ impl WgpuBackend {
             usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: false,
         });
-        let mut enc = self.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
+        let mut enc = self
+            .device
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
         enc.copy_buffer_to_buffer(src, start, &staging, 0, end - start);
         self.queue.submit([enc.finish()]);
         let (tx, rx) = std::sync::mpsc::channel();
@@ -183,10 +251,18 @@ impl WgpuBackend {
         Ok(())
     }
 
-    pub(crate) fn write_bytes(&self, dst: &mut DeviceBuffer, offset: usize, src: &[u8]) -> Result<()> {
+    pub(crate) fn write_bytes(
+        &self,
+        dst: &mut DeviceBuffer,
+        offset: usize,
+        src: &[u8],
+    ) -> Result<()> {
         let have = dst.size_bytes();
         if offset.checked_add(src.len()).is_none_or(|end| end > have) {
-            return Err(BackendError::Shape(format!("upload of {} bytes at {offset} into {have}", src.len())));
+            return Err(BackendError::Shape(format!(
+                "upload of {} bytes at {offset} into {have}",
+                src.len()
+            )));
         }
         let b = wbuf(dst, "upload destination")?;
         if src.is_empty() {
@@ -211,7 +287,12 @@ impl WgpuBackend {
         self.check_device()
     }
 
-    pub(crate) fn copy_elements(&self, src: &DeviceBuffer, dst: &mut DeviceBuffer, d: &CopyDesc) -> Result<()> {
+    pub(crate) fn copy_elements(
+        &self,
+        src: &DeviceBuffer,
+        dst: &mut DeviceBuffer,
+        d: &CopyDesc,
+    ) -> Result<()> {
         expect_dtype(dst, src.dtype(), "copy destination")?;
         check_range(src, d.src_offset, d.len, "copy source")?;
         check_range(dst, d.dst_offset, d.len, "copy destination")?;
@@ -223,7 +304,9 @@ impl WgpuBackend {
         }
         let (so, dof, n) = (d.src_offset * es, d.dst_offset * es, d.len * es);
         if so % 4 == 0 && dof % 4 == 0 && n % 4 == 0 {
-            let mut enc = self.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
+            let mut enc = self
+                .device
+                .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
             enc.copy_buffer_to_buffer(sb, so as u64, db, dof as u64, n as u64);
             self.queue.submit([enc.finish()]);
             return self.check_device();
@@ -231,9 +314,25 @@ impl WgpuBackend {
         // 16-bit elements at odd offsets: a shader moves halves of words.
         let s = self.window(src, d.src_offset, d.len, "copy source")?;
         let t = self.window(dst, d.dst_offset, d.len, "copy destination")?;
-        let (first_word, end_word) = (t.base as u64 / 2, (t.base as u64 + d.len as u64).div_ceil(2));
+        let (first_word, end_word) = (
+            t.base as u64 / 2,
+            (t.base as u64 + d.len as u64).div_ceil(2),
+        );
         let words = end_word - first_word;
-        let params = [u32_of(words as usize, "copy")?, 0, 0, s.base, t.base, u32_of(d.len, "copy")?];
-        self.dispatch(Kernel::Copy16, &[], &params, &[(8, s.bind), (9, t.bind)], words.div_ceil(256))
+        let params = [
+            u32_of(words as usize, "copy")?,
+            0,
+            0,
+            s.base,
+            t.base,
+            u32_of(d.len, "copy")?,
+        ];
+        self.dispatch(
+            Kernel::Copy16,
+            &[],
+            &params,
+            &[(8, s.bind), (9, t.bind)],
+            words.div_ceil(256),
+        )
     }
 }

@@ -4,7 +4,9 @@
 use crate::memory::{check_range, expect_dtype, need, u32_of, wbuf};
 use crate::pipelines::{dtype_code, Bind, Kernel};
 use crate::WgpuBackend;
-use ft_backend::{AttentionDesc, BackendError, DType, DeviceBuffer, MatmulDesc, Result, RmsNormDesc, RopeDesc};
+use ft_backend::{
+    AttentionDesc, BackendError, DType, DeviceBuffer, MatmulDesc, Result, RmsNormDesc, RopeDesc,
+};
 
 /// Tokens per matmul workgroup (`TB` in matmul.wgsl).
 const MATMUL_TOKENS: usize = 4;
@@ -32,7 +34,12 @@ impl WgpuBackend {
             }
             None => None,
         };
-        let os = self.window(out, d.out_offset, need(d.n, d.m, "matmul out")?, "matmul out")?;
+        let os = self.window(
+            out,
+            d.out_offset,
+            need(d.n, d.m, "matmul out")?,
+            "matmul out",
+        )?;
         if d.n == 0 || d.m == 0 {
             return Ok(());
         }
@@ -60,7 +67,13 @@ impl WgpuBackend {
         )
     }
 
-    pub(crate) fn run_rms_norm(&self, x: &DeviceBuffer, w: &DeviceBuffer, out: &mut DeviceBuffer, d: &RmsNormDesc) -> Result<()> {
+    pub(crate) fn run_rms_norm(
+        &self,
+        x: &DeviceBuffer,
+        w: &DeviceBuffer,
+        out: &mut DeviceBuffer,
+        d: &RmsNormDesc,
+    ) -> Result<()> {
         expect_dtype(x, DType::F32, "rms_norm x")?;
         expect_dtype(out, DType::F32, "rms_norm out")?;
         let total = need(d.rows, d.dim, "rms_norm")?;
@@ -71,7 +84,12 @@ impl WgpuBackend {
             return Ok(());
         }
         u32_of(total, "rms_norm")?;
-        let params = [d.rows as u32, d.dim as u32, d.eps.to_bits(), d.unit_offset as u32];
+        let params = [
+            d.rows as u32,
+            d.dim as u32,
+            d.eps.to_bits(),
+            d.unit_offset as u32,
+        ];
         self.dispatch(
             Kernel::RmsNorm,
             &[("WDT", dtype_code(w.dtype()))],
@@ -83,15 +101,26 @@ impl WgpuBackend {
 
     pub(crate) fn run_rope(&self, x: &mut DeviceBuffer, d: &RopeDesc) -> Result<()> {
         expect_dtype(x, DType::F32, "rope x")?;
-        if d.rotary_dim % 2 != 0 {
-            return Err(BackendError::Shape(format!("rope: rotary_dim {} is odd", d.rotary_dim)));
+        if !d.rotary_dim.is_multiple_of(2) {
+            return Err(BackendError::Shape(format!(
+                "rope: rotary_dim {} is odd",
+                d.rotary_dim
+            )));
         }
         let half = d.rotary_dim / 2;
         if d.positions.len() < d.n_tokens {
-            return Err(BackendError::Shape(format!("rope: {} positions for {} tokens", d.positions.len(), d.n_tokens)));
+            return Err(BackendError::Shape(format!(
+                "rope: {} positions for {} tokens",
+                d.positions.len(),
+                d.n_tokens
+            )));
         }
         if d.inv_freq.len() < half {
-            return Err(BackendError::Shape(format!("rope: {} frequencies for rotary_dim {}", d.inv_freq.len(), d.rotary_dim)));
+            return Err(BackendError::Shape(format!(
+                "rope: {} frequencies for rotary_dim {}",
+                d.inv_freq.len(),
+                d.rotary_dim
+            )));
         }
         if d.n_tokens == 0 || d.n_heads == 0 || half == 0 {
             return Ok(());
@@ -126,7 +155,13 @@ impl WgpuBackend {
         ];
         let xs = Bind::all(wbuf(x, "rope x")?);
         u32_of(x.len(), "rope x")?;
-        self.dispatch(Kernel::Rope, &[], &params, &[(1, xs), (2, Bind::all(&cs))], (total as u64).div_ceil(64))
+        self.dispatch(
+            Kernel::Rope,
+            &[],
+            &params,
+            &[(1, xs), (2, Bind::all(&cs))],
+            (total as u64).div_ceil(64),
+        )
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -141,11 +176,17 @@ impl WgpuBackend {
     ) -> Result<()> {
         expect_dtype(q, DType::F32, "attention q")?;
         expect_dtype(out, DType::F32, "attention out")?;
-        if d.n_kv_heads == 0 || d.n_heads % d.n_kv_heads != 0 {
-            return Err(BackendError::Shape(format!("attention: {} heads over {} KV heads", d.n_heads, d.n_kv_heads)));
+        if d.n_kv_heads == 0 || !d.n_heads.is_multiple_of(d.n_kv_heads) {
+            return Err(BackendError::Shape(format!(
+                "attention: {} heads over {} KV heads",
+                d.n_heads, d.n_kv_heads
+            )));
         }
         if d.kv_len < d.n_tokens {
-            return Err(BackendError::Shape(format!("attention: kv_len {} < n_tokens {}", d.kv_len, d.n_tokens)));
+            return Err(BackendError::Shape(format!(
+                "attention: kv_len {} < n_tokens {}",
+                d.kv_len, d.n_tokens
+            )));
         }
         if d.head_dim > MAX_HEAD_DIM || d.v_head_dim > MAX_V_HEAD_DIM {
             return Err(BackendError::Shape(format!(
@@ -155,8 +196,26 @@ impl WgpuBackend {
         }
         let rows = need(d.n_tokens, d.n_heads, "attention")?;
         let qs = self.window(q, 0, need(rows, d.head_dim, "attention q")?, "attention q")?;
-        let ks = self.window(k, 0, need(need(d.kv_len, d.n_kv_heads, "attention k")?, d.head_dim, "attention k")?, "attention k cache")?;
-        let vs = self.window(v, 0, need(need(d.kv_len, d.n_kv_heads, "attention v")?, d.v_head_dim, "attention v")?, "attention v cache")?;
+        let ks = self.window(
+            k,
+            0,
+            need(
+                need(d.kv_len, d.n_kv_heads, "attention k")?,
+                d.head_dim,
+                "attention k",
+            )?,
+            "attention k cache",
+        )?;
+        let vs = self.window(
+            v,
+            0,
+            need(
+                need(d.kv_len, d.n_kv_heads, "attention v")?,
+                d.v_head_dim,
+                "attention v",
+            )?,
+            "attention v cache",
+        )?;
         let ss = match sinks {
             Some(s) => {
                 expect_dtype(s, DType::F32, "attention sinks")?;
@@ -164,7 +223,12 @@ impl WgpuBackend {
             }
             None => None,
         };
-        let os = self.window(out, 0, need(rows, d.v_head_dim, "attention out")?, "attention out")?;
+        let os = self.window(
+            out,
+            0,
+            need(rows, d.v_head_dim, "attention out")?,
+            "attention out",
+        )?;
         if rows == 0 {
             return Ok(());
         }
@@ -184,9 +248,18 @@ impl WgpuBackend {
         let sink_bind = ss.map_or(qs.bind, |s| s.bind);
         self.dispatch(
             Kernel::Attention,
-            &[("KDT", dtype_code(k.dtype())), ("VDT", dtype_code(v.dtype()))],
+            &[
+                ("KDT", dtype_code(k.dtype())),
+                ("VDT", dtype_code(v.dtype())),
+            ],
             &params,
-            &[(1, qs.bind), (2, ks.bind), (3, vs.bind), (4, sink_bind), (5, os.bind)],
+            &[
+                (1, qs.bind),
+                (2, ks.bind),
+                (3, vs.bind),
+                (4, sink_bind),
+                (5, os.bind),
+            ],
             rows as u64,
         )
     }

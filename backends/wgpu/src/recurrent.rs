@@ -3,7 +3,9 @@
 use crate::memory::{expect_dtype, need, u32_of};
 use crate::pipelines::{dtype_code, Kernel};
 use crate::WgpuBackend;
-use ft_backend::{BackendError, ConvDesc, DType, DeltaRuleDesc, DeltaRuleInputs, DeviceBuffer, Result};
+use ft_backend::{
+    BackendError, ConvDesc, DType, DeltaRuleDesc, DeltaRuleInputs, DeviceBuffer, Result,
+};
 
 /// Largest key head size recurrent.wgsl keeps in workgroup memory.
 const MAX_DK: usize = 256;
@@ -26,13 +28,27 @@ impl WgpuBackend {
         let len = need(d.n_tokens, d.channels, "conv")?;
         let xs = self.window(x, 0, len, "conv x")?;
         let ws = self.window(w, 0, need(d.channels, d.kernel, "conv w")?, "conv w")?;
-        let ss = self.window(state, 0, need(d.kernel - 1, d.channels, "conv state")?, "conv state")?;
+        let ss = self.window(
+            state,
+            0,
+            need(d.kernel - 1, d.channels, "conv state")?,
+            "conv state",
+        )?;
         let os = self.window(out, 0, len, "conv out")?;
         if len == 0 {
             return Ok(());
         }
         u32_of(need(d.n_tokens + d.kernel, d.channels, "conv")?, "conv")?;
-        let params = [d.n_tokens as u32, d.channels as u32, d.kernel as u32, d.silu as u32, 0, 0, 0, 0];
+        let params = [
+            d.n_tokens as u32,
+            d.channels as u32,
+            d.kernel as u32,
+            d.silu as u32,
+            0,
+            0,
+            0,
+            0,
+        ];
         self.dispatch(
             Kernel::Conv,
             &[("WDT", dtype_code(w.dtype()))],
@@ -50,11 +66,15 @@ impl WgpuBackend {
         d: &DeltaRuleDesc,
     ) -> Result<()> {
         let (hk, hv, dk, dv) = (d.n_k_heads, d.n_v_heads, d.k_head_dim, d.v_head_dim);
-        if hk == 0 || hv % hk != 0 {
-            return Err(BackendError::Shape(format!("delta rule: {hv} value heads over {hk} key heads")));
+        if hk == 0 || !hv.is_multiple_of(hk) {
+            return Err(BackendError::Shape(format!(
+                "delta rule: {hv} value heads over {hk} key heads"
+            )));
         }
         if dk > MAX_DK {
-            return Err(BackendError::Shape(format!("delta rule: key head size {dk} exceeds the shader's {MAX_DK}")));
+            return Err(BackendError::Shape(format!(
+                "delta rule: key head size {dk} exceeds the shader's {MAX_DK}"
+            )));
         }
         let inputs = [
             (i.qkv, "delta rule qkv"),
@@ -63,19 +83,52 @@ impl WgpuBackend {
             (i.a_log, "delta rule a_log"),
             (i.dt_bias, "delta rule dt_bias"),
         ];
-        for (b, what) in inputs.iter().copied().chain([(&*state, "delta rule state"), (&*out, "delta rule out")]) {
+        for (b, what) in inputs
+            .iter()
+            .copied()
+            .chain([(&*state, "delta rule state"), (&*out, "delta rule out")])
+        {
             expect_dtype(b, DType::F32, what)?;
         }
         let row = need(2 * hk, dk, "delta rule row")?
             .checked_add(need(hv, dv, "delta rule row")?)
             .ok_or_else(|| BackendError::Shape("delta rule: row size overflows".into()))?;
-        let qkv = self.window(i.qkv, 0, need(d.n_tokens, row, "delta rule qkv")?, "delta rule qkv")?;
-        let beta = self.window(i.beta_logits, 0, need(d.n_tokens, hv, "delta rule beta")?, "delta rule beta")?;
-        let decay = self.window(i.decay_in, 0, need(d.n_tokens, hv, "delta rule decay")?, "delta rule decay")?;
+        let qkv = self.window(
+            i.qkv,
+            0,
+            need(d.n_tokens, row, "delta rule qkv")?,
+            "delta rule qkv",
+        )?;
+        let beta = self.window(
+            i.beta_logits,
+            0,
+            need(d.n_tokens, hv, "delta rule beta")?,
+            "delta rule beta",
+        )?;
+        let decay = self.window(
+            i.decay_in,
+            0,
+            need(d.n_tokens, hv, "delta rule decay")?,
+            "delta rule decay",
+        )?;
         let a_log = self.window(i.a_log, 0, hv, "delta rule a_log")?;
         let dt = self.window(i.dt_bias, 0, hv, "delta rule dt_bias")?;
-        let st = self.window(state, 0, need(need(hv, dk, "delta rule state")?, dv, "delta rule state")?, "delta rule state")?;
-        let os = self.window(out, 0, need(need(d.n_tokens, hv, "delta rule out")?, dv, "delta rule out")?, "delta rule out")?;
+        let st = self.window(
+            state,
+            0,
+            need(need(hv, dk, "delta rule state")?, dv, "delta rule state")?,
+            "delta rule state",
+        )?;
+        let os = self.window(
+            out,
+            0,
+            need(
+                need(d.n_tokens, hv, "delta rule out")?,
+                dv,
+                "delta rule out",
+            )?,
+            "delta rule out",
+        )?;
         if d.n_tokens == 0 || hv == 0 {
             return Ok(());
         }

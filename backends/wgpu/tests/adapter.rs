@@ -6,10 +6,17 @@ use ft_backend_wgpu::{WgpuBackend, WgpuOptions};
 #[test]
 fn missing_adapter_kind_is_unavailable() {
     // Metal exists only on Apple platforms (and DX12 only on Windows).
-    if cfg!(any(target_os = "macos", target_os = "ios", target_os = "windows")) {
+    if cfg!(any(
+        target_os = "macos",
+        target_os = "ios",
+        target_os = "windows"
+    )) {
         return;
     }
-    let opts = WgpuOptions { backends: Some(wgpu_backends_metal()), memory_bytes: None };
+    let opts = WgpuOptions {
+        backends: Some(wgpu_backends_metal()),
+        memory_bytes: None,
+    };
     match WgpuBackend::new(opts) {
         Err(BackendError::Unavailable(msg)) => assert!(msg.contains("no wgpu adapter"), "{msg}"),
         Err(e) => panic!("expected Unavailable, got {e}"),

@@ -9,7 +9,9 @@ use std::sync::{Arc, OnceLock};
 /// fast on software Vulkan.
 fn make() -> Result<Arc<dyn Backend>, String> {
     static BACKEND: OnceLock<Result<Arc<dyn Backend>, String>> = OnceLock::new();
-    let b = BACKEND.get_or_init(|| ft_backend_wgpu::open().map_err(|e| e.to_string())).clone();
+    let b = BACKEND
+        .get_or_init(|| ft_backend_wgpu::open().map_err(|e| e.to_string()))
+        .clone();
     if let Err(e) = &b {
         if std::env::var("FT_REQUIRE_WGPU").is_ok_and(|v| v == "1") {
             panic!("FT_REQUIRE_WGPU=1 but the wgpu backend did not open: {e}");
