@@ -13,6 +13,9 @@ pub struct WgpuOptions {
     pub backends: Option<wgpu::Backends>,
     /// Bytes to report as device memory; `None` reads `FT_WGPU_MEMORY_MIB`, else estimates.
     pub memory_bytes: Option<u64>,
+    /// Bind at most this many bytes of a buffer at once (below the adapter's limit), so the
+    /// windowed binding path used for huge tensors can be tested on any adapter.
+    pub max_binding_bytes: Option<u64>,
 }
 
 /// A device opened through wgpu.
@@ -25,6 +28,8 @@ pub struct WgpuBackend {
     /// Bytes of live buffers made by this backend.
     pub(crate) allocated: Arc<AtomicU64>,
     pub(crate) memory_total: u64,
+    /// Largest storage binding used: the adapter's limit, or less if asked.
+    pub(crate) max_binding: u64,
     pub(crate) next_stream: AtomicU32,
     /// Completion flags of recorded events, indexed by event id.
     pub(crate) events: Mutex<Vec<Arc<AtomicBool>>>,
@@ -94,6 +99,11 @@ impl WgpuBackend {
             info.backend,
             info.device_type
         );
+        let max_binding = opts
+            .max_binding_bytes
+            .map_or(limits.max_storage_buffer_binding_size, |cap| {
+                cap.clamp(4, limits.max_storage_buffer_binding_size)
+            });
         Ok(Self {
             pipelines: PipelineCache::default(),
             device,
@@ -102,6 +112,7 @@ impl WgpuBackend {
             limits,
             allocated: Arc::new(AtomicU64::new(0)),
             memory_total,
+            max_binding,
             next_stream: AtomicU32::new(1),
             events: Mutex::new(Vec::new()),
             device_errors,

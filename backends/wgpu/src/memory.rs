@@ -105,7 +105,7 @@ impl WgpuBackend {
     ) -> Result<Window<'a>> {
         check_range(buf, first, count, what)?;
         let b = wbuf(buf, what)?;
-        let max_bind = self.limits.max_storage_buffer_binding_size;
+        let max_bind = self.max_binding;
         if b.size() <= max_bind {
             return Ok(Window {
                 bind: Bind::all(b),

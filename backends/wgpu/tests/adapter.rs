@@ -16,6 +16,7 @@ fn missing_adapter_kind_is_unavailable() {
     let opts = WgpuOptions {
         backends: Some(wgpu_backends_metal()),
         memory_bytes: None,
+        max_binding_bytes: None,
     };
     match WgpuBackend::new(opts) {
         Err(BackendError::Unavailable(msg)) => assert!(msg.contains("no wgpu adapter"), "{msg}"),
