@@ -1,9 +1,19 @@
 //! CUDA backend of ft-actor (the primary GPU backend).
 //!
-//! The kernels and the `Backend` implementation arrive with the CUDA backend work; what is
-//! here already is the driver probe, so `--backend cuda` fails with one clear message on a
-//! machine without an NVIDIA driver and `--backend auto` can fall back to the CPU. It loads
-//! nothing at build time: no CUDA toolkit is needed to compile the project.
+//! Everything CUDA is loaded at run time through `cudarc` (dynamic loading): no CUDA toolkit
+//! is needed to build, and a machine without an NVIDIA driver gets one clear
+//! [`BackendError::Unavailable`] instead of a panic, so `--backend auto` can fall back to the
+//! CPU. Kernels are the `.cu` files of `backends/cuda/kernels`, embedded in the binary and
+//! compiled by NVRTC for the card's compute capability on first use, with the PTX cached in
+//! memory and on disk ([`compile`]).
+
+pub mod compile;
+pub mod error;
+pub mod kernels;
+pub mod ops;
+
+pub use compile::{compile_ptx, nvrtc_available, Arch};
+pub use error::CudaError;
 
 use ft_backend::{Backend, BackendError};
 use std::path::PathBuf;
@@ -31,19 +41,19 @@ pub fn find_driver() -> Option<PathBuf> {
         .find(|p| p.exists())
 }
 
+/// Whether the driver library can be loaded (checked before any call that would panic
+/// without it).
+pub fn driver_available() -> bool {
+    // SAFETY: only tries to dlopen the library under its usual names.
+    unsafe { cudarc::driver::sys::is_culib_present() }
+}
+
 /// Opens CUDA device `ordinal`.
 pub fn open(ordinal: usize) -> Result<Arc<dyn Backend>, BackendError> {
-    match find_driver() {
-        None => Err(BackendError::Unavailable(
-            "no NVIDIA driver found (libcuda.so.1 is not on LD_LIBRARY_PATH or in the system library folders); \
-             use --backend cpu, or --backend auto to fall back to the CPU"
-                .into(),
-        )),
-        Some(path) => Err(BackendError::Unavailable(format!(
-            "found the NVIDIA driver at {} but this build has no CUDA kernels yet (device {ordinal}); use --backend cpu",
-            path.display()
-        ))),
+    if find_driver().is_none() && !driver_available() {
+        return Err(CudaError::NoDriver.into());
     }
+    Err(BackendError::Unavailable(format!("NVIDIA driver found but the backend is not built yet (device {ordinal})")))
 }
 
 #[cfg(test)]

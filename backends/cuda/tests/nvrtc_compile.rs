@@ -1,0 +1,96 @@
+//! Compiles every kernel file to PTX with NVRTC for sm_80 and sm_90: the CI check that the
+//! CUDA C is valid, on machines with no GPU (only `libnvrtc` is loaded, not the driver).
+//!
+//! Without `libnvrtc` the tests print a `skipped:` line and pass, unless `FT_REQUIRE_NVRTC=1`,
+//! which CI sets after `.ci/install-nvrtc.sh` so that a missing compiler cannot hide a broken
+//! kernel.
+
+use ft_backend_cuda::compile::{cached_ptx, compile_ptx, nvrtc_available, nvrtc_version, Arch, PtxSource};
+use ft_backend_cuda::{kernels, CudaError};
+
+/// Whether NVRTC is loadable; panics when it is not but `FT_REQUIRE_NVRTC=1`.
+fn nvrtc_or_skip(test: &str) -> bool {
+    if nvrtc_available() {
+        return true;
+    }
+    if std::env::var("FT_REQUIRE_NVRTC").is_ok_and(|v| v == "1") {
+        panic!("{test}: FT_REQUIRE_NVRTC=1 but libnvrtc cannot be loaded (run .ci/install-nvrtc.sh and source .venv/nvrtc.env)");
+    }
+    println!("skipped: {test}: libnvrtc not found; install nvidia-cuda-nvrtc-cu12 (see .ci/install-nvrtc.sh)");
+    false
+}
+
+#[test]
+fn every_kernel_file_compiles_for_sm80_and_sm90() {
+    if !nvrtc_or_skip("every_kernel_file_compiles_for_sm80_and_sm90") {
+        return;
+    }
+    let (maj, min) = nvrtc_version().expect("nvrtc version");
+    println!("NVRTC {maj}.{min}");
+    assert!(kernels::FILES.len() >= 8, "kernel files missing");
+    let mut failures = Vec::new();
+    for arch in [Arch::new(8, 0), Arch::new(9, 0)] {
+        for file in kernels::FILES {
+            let t = std::time::Instant::now();
+            match compile_ptx(file.name, &file.full_source(), arch) {
+                Ok(ptx) => {
+                    assert!(ptx.contains(&format!(".target sm_{}{}", arch.major, arch.minor)), "{}: PTX target", file.name);
+                    let entries = ptx.matches(".entry").count();
+                    assert!(entries > 0, "{}: PTX has no kernels", file.name);
+                    println!("{} {}: {} bytes of PTX, {entries} kernels, {:?}", arch.virtual_name(), file.name, ptx.len(), t.elapsed());
+                }
+                Err(e) => failures.push(e.to_string()),
+            }
+        }
+    }
+    assert!(failures.is_empty(), "kernels failed to compile:\n{}", failures.join("\n\n"));
+}
+
+/// Every kernel the backend launches by name exists in the PTX of its file.
+#[test]
+fn launched_kernel_names_exist() {
+    if !nvrtc_or_skip("launched_kernel_names_exist") {
+        return;
+    }
+    for (file, names) in ft_backend_cuda::ops::KERNEL_NAMES {
+        let src = kernels::file(file).unwrap_or_else(|| panic!("no kernel file {file}"));
+        let ptx = compile_ptx(file, &src.full_source(), Arch::new(8, 0)).expect("compiles");
+        for name in *names {
+            assert!(ptx.contains(&format!(".entry {name}(")), "{file}.cu has no kernel {name}");
+        }
+    }
+}
+
+#[test]
+fn a_broken_kernel_is_a_compile_error_with_the_log() {
+    if !nvrtc_or_skip("a_broken_kernel_is_a_compile_error_with_the_log") {
+        return;
+    }
+    let src = format!("{}\nextern \"C\" __global__ void broken(float* x) {{ x[0] = undefined_name; }}\n", kernels::COMMON);
+    match compile_ptx("broken", &src, Arch::new(9, 0)) {
+        Err(CudaError::Compile { name, arch, log }) => {
+            assert_eq!((name.as_str(), arch.as_str()), ("broken", "compute_90"));
+            assert!(log.contains("undefined_name"), "log does not name the error: {log}");
+        }
+        other => panic!("expected a compile error, got {other:?}"),
+    }
+    assert!(matches!(compile_ptx("nul", "a\0b", Arch::new(9, 0)), Err(CudaError::Nvrtc(_))));
+}
+
+#[test]
+fn disk_cache_serves_the_second_compile() {
+    if !nvrtc_or_skip("disk_cache_serves_the_second_compile") {
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("ft-cuda-ptx-test-{}", std::process::id()));
+    let file = kernels::file("elementwise").expect("elementwise.cu");
+    let src = file.full_source();
+    let (first, how) = cached_ptx(Some(&dir), file.name, &src, Arch::new(8, 0)).expect("compile");
+    assert_eq!(how, PtxSource::Compiled);
+    let (second, how) = cached_ptx(Some(&dir), file.name, &src, Arch::new(8, 0)).expect("cached");
+    assert_eq!(how, PtxSource::Disk);
+    assert_eq!(first, second);
+    let (_, how) = cached_ptx(Some(&dir), file.name, &src, Arch::new(9, 0)).expect("compile");
+    assert_eq!(how, PtxSource::Compiled, "another arch must not reuse the PTX");
+    let _ = std::fs::remove_dir_all(&dir);
+}
