@@ -7,13 +7,18 @@
 //! compiled by NVRTC for the card's compute capability on first use, with the PTX cached in
 //! memory and on disk ([`compile`]).
 
+mod backend;
 pub mod compile;
+mod device;
 pub mod error;
 pub mod kernels;
+mod memory;
 pub mod ops;
 
 pub use compile::{compile_ptx, nvrtc_available, Arch};
+pub use device::{CudaBackend, COPY_STREAM};
 pub use error::CudaError;
+pub use memory::{CudaStorage, HostMemoryMode};
 
 use ft_backend::{Backend, BackendError};
 use std::path::PathBuf;
@@ -50,10 +55,16 @@ pub fn driver_available() -> bool {
 
 /// Opens CUDA device `ordinal`.
 pub fn open(ordinal: usize) -> Result<Arc<dyn Backend>, BackendError> {
-    if find_driver().is_none() && !driver_available() {
+    // Both probes: a driver outside the usual folders is still found by the loader, and the
+    // loader's answer is what decides whether cudarc would panic.
+    if !driver_available() {
         return Err(CudaError::NoDriver.into());
     }
-    Err(BackendError::Unavailable(format!("NVIDIA driver found but the backend is not built yet (device {ordinal})")))
+    let b = CudaBackend::new(ordinal).map_err(|e| match e {
+        CudaError::NoDriver | CudaError::NoNvrtc => BackendError::from(e),
+        e => BackendError::Unavailable(format!("NVIDIA driver found but CUDA device {ordinal} cannot be opened: {e}")),
+    })?;
+    Ok(Arc::new(b))
 }
 
 #[cfg(test)]

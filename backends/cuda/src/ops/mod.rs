@@ -1,4 +1,30 @@
-//! The kernel ops of the trait: shape checks on the host, then one or two launches.
+//! The kernel ops of the trait: shape checks on the host, then one or two launches on the
+//! compute stream.
+
+pub(crate) mod attn;
+pub(crate) mod linear;
+pub(crate) mod rows;
+
+use crate::device::CudaBackend;
+use ft_backend::DType;
+
+/// Threads per block of the row and element-wise kernels.
+pub(crate) const BLOCK: u32 = 256;
+
+/// The kernel for `dtype` out of its `[f32, f16, bf16]` instantiations.
+pub(crate) fn by_dtype(dtype: DType, names: [&'static str; 3]) -> &'static str {
+    match dtype {
+        DType::F32 => names[0],
+        DType::F16 => names[1],
+        DType::BF16 => names[2],
+    }
+}
+
+/// Blocks for a grid-stride loop over `n` elements: enough to fill the card, no more.
+pub(crate) fn grid_1d(b: &CudaBackend, n: usize) -> u32 {
+    let want = n.div_ceil(BLOCK as usize).max(1);
+    want.min(b.sm_count as usize * 8) as u32
+}
 
 /// Every kernel the backend launches, by kernel file (checked against the PTX in tests).
 pub const KERNEL_NAMES: &[(&str, &[&str])] = &[
