@@ -68,12 +68,17 @@ impl CudaBackend {
         if ordinal >= count.max(0) as usize {
             return Err(CudaError::Driver(format!("no CUDA device {ordinal} ({count} present)")));
         }
-        let ctx = CudaContext::new(ordinal)?;
         // The host waits for the device by sleeping, not spinning: the CPU executors and the
-        // other actors share the cores with this thread.
-        if let Err(e) = ctx.set_blocking_synchronize() {
-            tracing::debug!("blocking synchronisation not set: {e:?}");
+        // other actors share the cores with this thread. Set on the primary context before it
+        // is retained (cuCtxSetFlags would need a 12.1 driver, and cudarc panics on a missing
+        // symbol).
+        let dev = result::device::get(ordinal as i32)?;
+        // SAFETY: a valid device handle; flags are a documented scheduling mode.
+        let r = unsafe { sys::cuDevicePrimaryCtxSetFlags_v2(dev, sys::CUctx_flags::CU_CTX_SCHED_BLOCKING_SYNC as u32) };
+        if r != sys::CUresult::CUDA_SUCCESS {
+            tracing::debug!("blocking synchronisation not set: {r:?}");
         }
+        let ctx = CudaContext::new(ordinal)?;
         let (major, minor) = ctx.compute_capability()?;
         let name = ctx.name()?;
         let sm_count = ctx

@@ -60,7 +60,13 @@ pub fn open(ordinal: usize) -> Result<Arc<dyn Backend>, BackendError> {
     if !driver_available() {
         return Err(CudaError::NoDriver.into());
     }
-    let b = CudaBackend::new(ordinal).map_err(|e| match e {
+    // cudarc panics where a driver lacks a symbol it binds lazily; that must read as "this
+    // machine cannot run the CUDA backend", not abort the engine.
+    let made = std::panic::catch_unwind(|| CudaBackend::new(ordinal)).unwrap_or_else(|p| {
+        let what = p.downcast_ref::<String>().cloned().or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()));
+        Err(CudaError::Driver(format!("the CUDA driver library failed: {}", what.unwrap_or_default())))
+    });
+    let b = made.map_err(|e| match e {
         CudaError::NoDriver | CudaError::NoNvrtc => BackendError::from(e),
         e => BackendError::Unavailable(format!("NVIDIA driver found but CUDA device {ordinal} cannot be opened: {e}")),
     })?;

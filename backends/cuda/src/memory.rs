@@ -107,6 +107,7 @@ impl Arena {
     /// addresses. The host slices may be dropped on return: pageable copies are staged by the
     /// driver before cuMemcpyHtoDAsync returns.
     pub(crate) fn put(&mut self, ctx: &Arc<CudaContext>, stream: &CudaStream, parts: &[&[u8]], extra: usize) -> Result<Vec<u64>> {
+        ctx.bind_to_thread().map_err(|e| driver(e, "binding the CUDA context"))?;
         let mut offsets = Vec::with_capacity(parts.len() + 1);
         let mut total = 0usize;
         for p in parts.iter().map(|p| p.len()).chain([extra]) {

@@ -90,14 +90,7 @@ pub(crate) fn rope(b: &CudaBackend, x: &mut DeviceBuffer, d: &RopeDesc) -> Resul
             d.n_tokens, d.n_heads, d.row_stride, d.head_stride, d.rot_offset, d.rotary_dim
         )));
     }
-    let mut table = Vec::with_capacity(d.n_tokens * half * 8);
-    for &pos in &d.positions[..d.n_tokens] {
-        for &f in &d.inv_freq[..half] {
-            let angle = pos as f64 * f as f64;
-            table.extend_from_slice(&((angle.cos() as f32) * d.scaling).to_le_bytes());
-            table.extend_from_slice(&((angle.sin() as f32) * d.scaling).to_le_bytes());
-        }
-    }
+    let table = rope_table(d);
     let total = need(need(d.n_tokens, d.n_heads, "rope")?, half, "rope")?;
     let stream = b.stream(StreamId::COMPUTE)?;
     let mut arena = b.arena()?;
@@ -186,4 +179,45 @@ pub(crate) fn top_k(b: &CudaBackend, x: &DeviceBuffer, rows: usize, cols: usize,
         indices: idx.chunks_exact(4).map(|c| u32::from_le_bytes(word(c))).collect(),
         values: val.chunks_exact(4).map(|c| f32::from_le_bytes(word(c))).collect(),
     })
+}
+
+/// `(cos, sin)` per token and pair as little-endian f32 bytes, angles in f64 and scaled as in
+/// the reference.
+pub(crate) fn rope_table(d: &RopeDesc) -> Vec<u8> {
+    let half = d.rotary_dim / 2;
+    let mut table = Vec::with_capacity(d.n_tokens * half * 8);
+    for &pos in &d.positions[..d.n_tokens] {
+        for &f in &d.inv_freq[..half] {
+            let angle = pos as f64 * f as f64;
+            table.extend_from_slice(&((angle.cos() as f32) * d.scaling).to_le_bytes());
+            table.extend_from_slice(&((angle.sin() as f32) * d.scaling).to_le_bytes());
+        }
+    }
+    table
+}
+
+#[cfg(test)]
+mod tests {
+    use ft_backend::RopeDesc;
+
+    #[test]
+    fn rope_table_matches_the_reference_rotation() {
+        // Rotating (1, 0) pairs with the reference gives exactly the table's (cos, sin).
+        let d = RopeDesc {
+            n_tokens: 2,
+            n_heads: 1,
+            head_stride: 4,
+            row_stride: 4,
+            rot_offset: 0,
+            rotary_dim: 4,
+            interleaved: true,
+            positions: vec![1, 4095],
+            inv_freq: vec![1.0, 1e-4],
+            scaling: 1.5,
+        };
+        let mut x = vec![1.0, 0.0, 1.0, 0.0, 1.0, 0.0, 1.0, 0.0];
+        ft_backend::reference::rope(&mut x, &d);
+        let t: Vec<f32> = super::rope_table(&d).chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+        assert_eq!(t, x);
+    }
 }

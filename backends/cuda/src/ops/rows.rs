@@ -70,18 +70,7 @@ pub(crate) fn scatter_add_rows(
     if rows.is_empty() || cols == 0 {
         return Ok(());
     }
-    let mut order: Vec<u32> = (0..rows.len() as u32).collect();
-    order.sort_by_key(|&i| rows[i as usize]); // stable: equal rows keep their order
-    let mut dest = Vec::new();
-    let mut start = Vec::new();
-    for (pos, &i) in order.iter().enumerate() {
-        let r = rows[i as usize];
-        if dest.last() != Some(&r) {
-            dest.push(r);
-            start.push(pos as u32);
-        }
-    }
-    start.push(order.len() as u32);
+    let (dest, start, order) = group_by_row(rows);
     let scale_bytes: Vec<u8> = scales.iter().flat_map(|s| s.to_le_bytes()).collect();
     let cols32 = u32_of(cols, "scatter cols")?;
     let stream = b.stream(StreamId::COMPUTE)?;
@@ -101,4 +90,34 @@ pub(crate) fn scatter_add_rows(
         b.launch("scatter_add_rows_f32", (col_blocks(cols)?, groups as u32, 1), BLOCK, 0, &args)?;
     }
     Ok(())
+}
+
+/// Entries grouped by destination row, keeping their order within a row: group `g` writes
+/// row `dest[g]` from entries `order[start[g] .. start[g + 1]]`.
+pub(crate) fn group_by_row(rows: &[u32]) -> (Vec<u32>, Vec<u32>, Vec<u32>) {
+    let mut order: Vec<u32> = (0..rows.len() as u32).collect();
+    order.sort_by_key(|&i| rows[i as usize]); // stable: equal rows keep their order
+    let mut dest = Vec::new();
+    let mut start = Vec::new();
+    for (pos, &i) in order.iter().enumerate() {
+        let r = rows[i as usize];
+        if dest.last() != Some(&r) {
+            dest.push(r);
+            start.push(pos as u32);
+        }
+    }
+    start.push(order.len() as u32);
+    (dest, start, order)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn groups_keep_entry_order_per_row() {
+        let (dest, start, order) = super::group_by_row(&[3, 0, 9, 3, 5, 3, 1]);
+        assert_eq!(dest, [0, 1, 3, 5, 9]);
+        assert_eq!(start, [0, 1, 2, 5, 6, 7]);
+        assert_eq!(order, [1, 6, 0, 3, 5, 4, 2]);
+        assert_eq!(super::group_by_row(&[]), (vec![], vec![0], vec![]));
+    }
 }
