@@ -53,6 +53,37 @@ pub fn nvrtc_version() -> Result<(i32, i32), CudaError> {
     Ok((major, minor))
 }
 
+/// The SM versions this NVRTC can target (e.g. `[50, 52, ..., 90, 100, 120]`).
+pub fn supported_archs() -> Result<Vec<u32>, CudaError> {
+    if !nvrtc_available() {
+        return Err(CudaError::NoNvrtc);
+    }
+    let mut n = 0;
+    // SAFETY: the library is present; `n` is valid for writes.
+    let r = unsafe { nvrtc::sys::nvrtcGetNumSupportedArchs(&mut n) };
+    if r != nvrtc::sys::nvrtcResult::NVRTC_SUCCESS || n <= 0 {
+        return Err(CudaError::Nvrtc(format!("nvrtcGetNumSupportedArchs: {r:?}")));
+    }
+    let mut archs = vec![0i32; n as usize];
+    // SAFETY: `archs` has room for the `n` values NVRTC reported.
+    let r = unsafe { nvrtc::sys::nvrtcGetSupportedArchs(archs.as_mut_ptr()) };
+    if r != nvrtc::sys::nvrtcResult::NVRTC_SUCCESS {
+        return Err(CudaError::Nvrtc(format!("nvrtcGetSupportedArchs: {r:?}")));
+    }
+    Ok(archs.into_iter().filter(|a| *a > 0).map(|a| a as u32).collect())
+}
+
+/// The architecture to compile for on a card of `card`: the card's own when this NVRTC knows
+/// it, else the newest older one it knows (PTX for it JIT-compiles on the newer card).
+pub fn target_arch(card: Arch) -> Result<Arch, CudaError> {
+    let want = card.major * 10 + card.minor;
+    let best = supported_archs()?.into_iter().filter(|a| *a <= want).max();
+    match best {
+        Some(a) => Ok(Arch::new(a / 10, a % 10)),
+        None => Err(CudaError::Nvrtc(format!("this NVRTC cannot target sm_{want} or any older architecture"))),
+    }
+}
+
 /// Folders that may hold the CUDA headers, for kernels that include them: `$FT_CUDA_INCLUDE`,
 /// `$CUDA_HOME/include`, `$CUDA_PATH/include`, `/usr/local/cuda/include`, and the `include`
 /// folder of the `nvidia-cuda-runtime-cu12` wheel next to a pip-installed NVRTC. Our own

@@ -44,6 +44,8 @@ pub struct CudaBackend {
     pub(crate) ctx: Arc<CudaContext>,
     pub(crate) name: String,
     pub(crate) arch: Arch,
+    /// What kernels are compiled for (the card's arch, or the newest older one NVRTC knows).
+    pub(crate) target: Arch,
     pub(crate) streams: RwLock<Vec<Arc<CudaStream>>>,
     pub(crate) events: Mutex<Events>,
     modules: Mutex<HashMap<&'static str, Arc<CudaModule>>>,
@@ -87,9 +89,12 @@ impl CudaBackend {
             .max(1) as u32;
         let streams = vec![ctx.new_stream()?, ctx.new_stream()?];
         let host_mode = HostMemoryMode::from_env();
+        let arch = Arch::new(major.max(0) as u32, minor.max(0) as u32);
+        let target = crate::compile::target_arch(arch)?;
         Ok(Self {
             name,
-            arch: Arch::new(major.max(0) as u32, minor.max(0) as u32),
+            arch,
+            target,
             streams: RwLock::new(streams),
             events: Mutex::new(Events::default()),
             modules: Mutex::new(HashMap::new()),
@@ -162,9 +167,9 @@ impl CudaBackend {
         }
         let kf = kernels::file(file).ok_or_else(|| BackendError::Invalid(format!("no kernel file {file}")))?;
         let t = std::time::Instant::now();
-        let (ptx, how) = cached_ptx(self.cache_dir.as_deref(), kf.name, &kf.full_source(), self.arch)?;
+        let (ptx, how) = cached_ptx(self.cache_dir.as_deref(), kf.name, &kf.full_source(), self.target)?;
         if how == PtxSource::Compiled {
-            tracing::info!("compiled {file}.cu for {} in {:.2?}", self.arch.virtual_name(), t.elapsed());
+            tracing::info!("compiled {file}.cu for {} in {:.2?}", self.target.virtual_name(), t.elapsed());
         }
         self.bind()?;
         let m = self.ctx.load_module(Ptx::from_src(ptx)).map_err(|e| driver(e, "loading PTX"))?;

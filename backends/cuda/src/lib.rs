@@ -62,7 +62,14 @@ pub fn open(ordinal: usize) -> Result<Arc<dyn Backend>, BackendError> {
     }
     // cudarc panics where a driver lacks a symbol it binds lazily; that must read as "this
     // machine cannot run the CUDA backend", not abort the engine.
-    let made = std::panic::catch_unwind(|| CudaBackend::new(ordinal)).unwrap_or_else(|p| {
+    // Kernels are compiled (or read from the disk cache) here, so a compiler or driver problem
+    // shows at start-up rather than in the first layer.
+    let made = std::panic::catch_unwind(|| {
+        let b = CudaBackend::new(ordinal)?;
+        b.warm_up().map_err(|e| CudaError::Driver(e.to_string()))?;
+        Ok(b)
+    })
+    .unwrap_or_else(|p| {
         let what = p.downcast_ref::<String>().cloned().or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()));
         Err(CudaError::Driver(format!("the CUDA driver library failed: {}", what.unwrap_or_default())))
     });

@@ -94,3 +94,18 @@ fn disk_cache_serves_the_second_compile() {
     assert_eq!(how, PtxSource::Compiled, "another arch must not reuse the PTX");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn target_arch_falls_back_to_what_nvrtc_knows() {
+    if !nvrtc_or_skip("target_arch_falls_back_to_what_nvrtc_knows") {
+        return;
+    }
+    use ft_backend_cuda::compile::{supported_archs, target_arch};
+    let archs = supported_archs().expect("supported archs");
+    assert!(archs.contains(&80) && archs.contains(&90), "{archs:?}");
+    assert_eq!(target_arch(Arch::new(9, 0)).expect("sm_90"), Arch::new(9, 0));
+    // A card newer than this NVRTC gets the newest architecture it knows.
+    let newest = *archs.iter().max().expect("some");
+    assert_eq!(target_arch(Arch::new(99, 9)).expect("future card"), Arch::new(newest / 10, newest % 10));
+    assert!(target_arch(Arch::new(1, 0)).is_err());
+}
