@@ -3,7 +3,7 @@
 
 use crate::device::{poisoned, CudaBackend, COPY_STREAM};
 use crate::error::driver;
-use crate::memory::{copy_registered, expect, ptr_at, storage, CudaStorage, HostMemoryMode, STAGING_BYTES};
+use crate::memory::{copy_registered, expect, free_all, ptr_at, storage, CudaStorage, HostMemoryMode, STAGING_BYTES};
 use crate::ops;
 use cudarc::driver::{result, sys, DriverError};
 use ft_backend::{
@@ -22,15 +22,29 @@ impl CudaBackend {
         BackendError::OutOfMemory { requested: requested as u64, free }
     }
 
+    /// Uninitialised device memory: scratch from the pool, anything else fresh. When the
+    /// driver runs out, the pool's cached memory is released and the allocation tried again.
     fn alloc_raw(&self, dtype: DType, len: usize, usage: BufferUsage) -> Result<DeviceBuffer> {
         let size = len
             .checked_mul(dtype.size())
             .filter(|s| *s <= isize::MAX as usize)
             .ok_or_else(|| BackendError::Shape(format!("allocation of {len} {dtype} values overflows")))?;
-        let s = CudaStorage::alloc(&self.ctx, size).map_err(|e| match e {
-            DriverError(sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY) => self.oom(size),
-            e => driver(e, "cuMemAlloc"),
-        })?;
+        let try_alloc = || {
+            if usage == BufferUsage::Scratch && size > 0 {
+                CudaStorage::scratch(&self.ctx, &self.pool, size)
+            } else {
+                CudaStorage::alloc(&self.ctx, size)
+            }
+        };
+        let oom = DriverError(sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY);
+        let s = match try_alloc() {
+            Err(e) if e == oom && self.pool.cached_bytes() > 0 => {
+                free_all(&self.ctx, self.pool.drain());
+                try_alloc()
+            }
+            r => r,
+        }
+        .map_err(|e| if e == oom { self.oom(size) } else { driver(e, "cuMemAlloc") })?;
         Ok(DeviceBuffer::new(Box::new(s), dtype, len, usage))
     }
 
@@ -67,6 +81,8 @@ impl Backend for CudaBackend {
     fn memory_info(&self) -> Result<MemoryInfo> {
         self.bind()?;
         let (free, total) = result::mem_get_info().map_err(|e| driver(e, "cuMemGetInfo"))?;
+        // Pooled scratch is free for any allocation: it is released when the driver runs out.
+        let free = (free + self.pool.cached_bytes()).min(total);
         Ok(MemoryInfo { free: free as u64, total: total as u64 })
     }
 
@@ -88,13 +104,20 @@ impl Backend for CudaBackend {
         let buf = self.alloc_raw(dtype, len, usage)?;
         let s = storage(&buf, "alloc")?;
         if s.bytes > 0 {
-            let stream = self.stream(StreamId::COMPUTE)?;
+            let compute = self.stream(StreamId::COMPUTE)?;
             self.bind()?;
-            // Zeroed before any stream may use it: the next user may be another stream.
-            // SAFETY: the range is the whole fresh allocation.
-            unsafe { result::memset_d8_async(s.ptr, 0, s.bytes, stream.cu_stream()) }
-                .and_then(|()| stream.synchronize())
-                .map_err(|e| driver(e, "zero-fill"))?;
+            // Zeroed on the compute stream, after any kernel still reading a reused scratch
+            // allocation; other streams are made to wait for the zeroing (on the device, not
+            // the host), since the first user may be a copy on another stream.
+            // SAFETY: the range lies inside the allocation.
+            unsafe { result::memset_d8_async(s.ptr, 0, s.bytes, compute.cu_stream()) }.map_err(|e| driver(e, "zero-fill"))?;
+            let others: Vec<_> = self.streams.read().map_err(|_| poisoned())?.iter().skip(1).cloned().collect();
+            if !others.is_empty() {
+                let ev = compute.record_event(None).map_err(|e| driver(e, "zero-fill event"))?;
+                for s in others {
+                    s.wait(&ev).map_err(|e| driver(e, "zero-fill wait"))?;
+                }
+            }
         }
         Ok(buf)
     }
@@ -109,6 +132,11 @@ impl Backend for CudaBackend {
             return Ok(buf);
         }
         let copy = self.stream(COPY_STREAM)?;
+        if usage == BufferUsage::Scratch {
+            // Reused scratch memory may still be read by queued kernels.
+            let ev = self.stream(StreamId::COMPUTE)?.record_event(None).map_err(|e| driver(e, "import event"))?;
+            copy.wait(&ev).map_err(|e| driver(e, "import wait"))?;
+        }
         let registered = self.host_mode == HostMemoryMode::Register
             && data.len() >= STAGING_BYTES
             && copy_registered(&self.ctx, &copy, data.as_slice(), dst)?;

@@ -55,6 +55,8 @@ pub struct CudaBackend {
     pub(crate) staging: Mutex<Staging>,
     pub(crate) host_mode: HostMemoryMode,
     pub(crate) sm_count: u32,
+    /// Freed scratch allocations kept for reuse.
+    pub(crate) pool: Arc<crate::pool::ScratchPool>,
 }
 
 impl CudaBackend {
@@ -91,6 +93,9 @@ impl CudaBackend {
         let host_mode = HostMemoryMode::from_env();
         let arch = Arch::new(major.max(0) as u32, minor.max(0) as u32);
         let target = crate::compile::target_arch(arch)?;
+        let total = ctx.total_mem().unwrap_or(0);
+        // Up to 1/16 of the card (at least 256 MiB) of freed scratch is kept for reuse.
+        let pool = Arc::new(crate::pool::ScratchPool::new((total / 16).max(256 << 20)));
         Ok(Self {
             name,
             arch,
@@ -104,6 +109,7 @@ impl CudaBackend {
             staging: Mutex::new(Staging::new(ctx.clone())),
             host_mode,
             sm_count,
+            pool,
             ctx,
         })
     }
@@ -227,6 +233,12 @@ impl CudaBackend {
     /// Locks the per-call parameter arena (small host tables copied to the device).
     pub(crate) fn arena(&self) -> Result<MutexGuard<'_, Arena>> {
         self.arena.lock().map_err(|_| poisoned())
+    }
+}
+
+impl Drop for CudaBackend {
+    fn drop(&mut self) {
+        crate::memory::free_all(&self.ctx, self.pool.drain());
     }
 }
 

@@ -13,6 +13,7 @@ mod device;
 pub mod error;
 pub mod kernels;
 mod memory;
+mod pool;
 pub mod ops;
 
 pub use compile::{compile_ptx, nvrtc_available, Arch};

@@ -1,6 +1,7 @@
 //! Device buffers, the per-call parameter arena, and pinned staging for host transfers.
 
 use crate::error::driver;
+use crate::pool::ScratchPool;
 use cudarc::driver::{result, sys, CudaContext, CudaEvent, CudaStream, DriverError};
 use ft_backend::{BackendError, BufferStorage, DType, DeviceBuffer, Result};
 use std::sync::Arc;
@@ -8,26 +9,58 @@ use std::sync::Arc;
 /// Device memory owned by a [`DeviceBuffer`] of the CUDA backend; freed on drop.
 pub struct CudaStorage {
     pub(crate) ptr: u64,
+    /// Bytes the buffer holds (what range checks use).
     pub(crate) bytes: usize,
+    /// Bytes allocated, and the pool they return to (scratch buffers only).
+    pooled: Option<(usize, Arc<ScratchPool>)>,
     ctx: Arc<CudaContext>,
 }
 
 impl CudaStorage {
     /// `bytes` of uninitialised device memory (none for 0 bytes).
     pub(crate) fn alloc(ctx: &Arc<CudaContext>, bytes: usize) -> std::result::Result<Self, DriverError> {
-        let ptr = if bytes == 0 {
-            0
-        } else {
-            ctx.bind_to_thread()?;
-            // SAFETY: a plain allocation in the bound context; freed once, in Drop.
-            unsafe { result::malloc_sync(bytes) }?
+        let ptr = if bytes == 0 { 0 } else { malloc(ctx, bytes)? };
+        Ok(Self { ptr, bytes, pooled: None, ctx: ctx.clone() })
+    }
+
+    /// `bytes` of scratch memory from `pool` (or fresh), returned to it on drop; not zeroed.
+    pub(crate) fn scratch(ctx: &Arc<CudaContext>, pool: &Arc<ScratchPool>, bytes: usize) -> std::result::Result<Self, DriverError> {
+        let class = ScratchPool::class(bytes);
+        let ptr = match pool.take(class) {
+            Some(p) => p,
+            None => malloc(ctx, class)?,
         };
-        Ok(Self { ptr, bytes, ctx: ctx.clone() })
+        Ok(Self { ptr, bytes, pooled: Some((class, pool.clone())), ctx: ctx.clone() })
+    }
+}
+
+fn malloc(ctx: &Arc<CudaContext>, bytes: usize) -> std::result::Result<u64, DriverError> {
+    ctx.bind_to_thread()?;
+    // SAFETY: a plain allocation in the bound context; freed once (Drop or pool release).
+    unsafe { result::malloc_sync(bytes) }
+}
+
+/// Frees allocations the pool gave up (cuMemFree waits for work still using them).
+pub(crate) fn free_all(ctx: &Arc<CudaContext>, ptrs: Vec<u64>) {
+    let _ = ctx.bind_to_thread();
+    for p in ptrs {
+        // SAFETY: each pointer came from malloc and is owned by no buffer any more.
+        if let Err(e) = unsafe { result::free_sync(p) } {
+            tracing::warn!("cuMemFree failed: {e:?}");
+        }
     }
 }
 
 impl Drop for CudaStorage {
     fn drop(&mut self) {
+        if let Some((class, pool)) = &self.pooled {
+            // Kernels already queued may still read it; the next user zeroes it on the same
+            // stream first, so stream order keeps them apart.
+            if self.ptr != 0 && !pool.give(self.ptr, *class) {
+                free_all(&self.ctx, vec![self.ptr]);
+            }
+            return;
+        }
         if self.ptr != 0 {
             // cuMemFree waits for work still using the memory; errors here cannot be returned,
             // and a failed free only leaks.
