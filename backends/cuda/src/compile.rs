@@ -193,7 +193,7 @@ pub fn cached_ptx(
     ]);
     let path = cache_dir.map(|d| d.join(format!("{name}-{}-{key:016x}.ptx", arch.virtual_name())));
     if let Some(text) = path.as_deref().and_then(|p| std::fs::read_to_string(p).ok()) {
-        if text.contains(".entry") {
+        if text.contains(".entry") && !text.contains('\0') {
             return Ok((text, PtxSource::Disk));
         }
     }

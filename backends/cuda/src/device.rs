@@ -1,6 +1,6 @@
 //! The device: context, streams, events, the kernel module cache and kernel launches.
 
-use crate::compile::{cached_ptx, default_cache_dir, Arch, PtxSource};
+use crate::compile::{cached_ptx, compile_ptx, default_cache_dir, Arch, PtxSource};
 use crate::error::{driver, CudaError};
 use crate::kernels;
 use crate::memory::{Arena, HostMemoryMode, Staging};
@@ -178,7 +178,16 @@ impl CudaBackend {
             tracing::info!("compiled {file}.cu for {} in {:.2?}", self.target.virtual_name(), t.elapsed());
         }
         self.bind()?;
-        let m = self.ctx.load_module(Ptx::from_src(ptx)).map_err(|e| driver(e, "loading PTX"))?;
+        let m = match self.ctx.load_module(Ptx::from_src(ptx)) {
+            Ok(m) => m,
+            Err(e) if how == PtxSource::Disk => {
+                // A damaged cache file must not disable the backend: compile afresh.
+                tracing::warn!("cached PTX of {file}.cu did not load ({e:?}); recompiling");
+                let ptx = compile_ptx(kf.name, &kf.full_source(), self.target)?;
+                self.ctx.load_module(Ptx::from_src(ptx)).map_err(|e| driver(e, "loading PTX"))?
+            }
+            Err(e) => return Err(driver(e, &format!("loading the PTX of {file}.cu"))),
+        };
         modules.insert(file, m.clone());
         Ok(m)
     }
