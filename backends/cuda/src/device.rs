@@ -126,7 +126,7 @@ impl CudaBackend {
 
     /// Compiles (or loads from the disk cache) every kernel file now instead of on first use.
     pub fn warm_up(&self) -> Result<()> {
-        for (file, _) in crate::ops::KERNEL_NAMES {
+        for (file, _) in crate::ops::KERNELS {
             self.module(file)?;
         }
         Ok(())
@@ -196,11 +196,7 @@ impl CudaBackend {
         if let Some(f) = self.functions.lock().map_err(|_| poisoned())?.get(kernel) {
             return Ok(f.clone());
         }
-        let file = crate::ops::KERNEL_NAMES
-            .iter()
-            .find(|(_, names)| names.contains(&kernel))
-            .map(|(file, _)| *file)
-            .ok_or_else(|| BackendError::Invalid(format!("no kernel {kernel}")))?;
+        let (file, _) = crate::ops::kernel_info(kernel).ok_or_else(|| BackendError::Invalid(format!("no kernel {kernel}")))?;
         let f = self.module(file)?.load_function(kernel).map_err(|e| driver(e, kernel))?;
         self.functions.lock().map_err(|_| poisoned())?.insert(kernel, f.clone());
         Ok(f)
@@ -216,6 +212,19 @@ impl CudaBackend {
         }
         if smem > 48 * 1024 {
             return Err(BackendError::Shape(format!("{kernel}: needs {smem} bytes of shared memory (limit 48 KiB)")));
+        }
+        let (_, sig) = crate::ops::kernel_info(kernel).ok_or_else(|| BackendError::Invalid(format!("no kernel {kernel}")))?;
+        let given: String = args
+            .iter()
+            .map(|a| match a {
+                Arg::Ptr(_) => 'p',
+                Arg::U64(_) => 'l',
+                Arg::U32(_) => 'u',
+                Arg::F32(_) => 'f',
+            })
+            .collect();
+        if given != sig {
+            return Err(BackendError::Invalid(format!("{kernel} takes ({sig}) but was given ({given})")));
         }
         let f = self.function(kernel)?;
         let stream = self.stream(StreamId::COMPUTE)?;

@@ -46,19 +46,42 @@ fn every_kernel_file_compiles_for_sm80_and_sm90() {
     assert!(failures.is_empty(), "kernels failed to compile:\n{}", failures.join("\n\n"));
 }
 
-/// Every kernel the backend launches by name exists in the PTX of its file.
+/// Every kernel the backend launches by name exists in the PTX of its file, with the
+/// parameter types the backend's table (which every launch is checked against) declares.
 #[test]
-fn launched_kernel_names_exist() {
-    if !nvrtc_or_skip("launched_kernel_names_exist") {
+fn launched_kernels_exist_with_their_signatures() {
+    if !nvrtc_or_skip("launched_kernels_exist_with_their_signatures") {
         return;
     }
-    for (file, names) in ft_backend_cuda::ops::KERNEL_NAMES {
+    for (file, kernels) in ft_backend_cuda::ops::KERNELS {
         let src = kernels::file(file).unwrap_or_else(|| panic!("no kernel file {file}"));
         let ptx = compile_ptx(file, &src.full_source(), Arch::new(8, 0)).expect("compiles");
-        for name in *names {
-            assert!(ptx.contains(&format!(".entry {name}(")), "{file}.cu has no kernel {name}");
+        for (name, sig) in *kernels {
+            let params = ptx_params(&ptx, name).unwrap_or_else(|| panic!("{file}.cu has no kernel {name}"));
+            // Pointers and u64 values are both .u64 in PTX.
+            let want: String = sig.chars().map(|c| if c == 'p' { 'l' } else { c }).collect();
+            assert_eq!(params, want, "{name}: PTX parameters vs the backend's table");
         }
     }
+}
+
+/// The parameter types of kernel `name` in `ptx` as letters (`l` .u64, `u` .u32, `f` .f32).
+fn ptx_params(ptx: &str, name: &str) -> Option<String> {
+    let start = ptx.find(&format!(".entry {name}("))?;
+    let body = &ptx[start..];
+    let end = body.find(')')?;
+    Some(
+        body[..end]
+            .lines()
+            .filter_map(|l| l.trim().strip_prefix(".param ."))
+            .map(|t| match t.split_whitespace().next().unwrap_or("") {
+                "u64" | "b64" | "s64" => 'l',
+                "u32" | "b32" | "s32" => 'u',
+                "f32" => 'f',
+                _ => '?',
+            })
+            .collect(),
+    )
 }
 
 #[test]

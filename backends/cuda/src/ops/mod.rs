@@ -26,24 +26,67 @@ pub(crate) fn grid_1d(b: &CudaBackend, n: usize) -> u32 {
     want.min(b.sm_count as usize * 8) as u32
 }
 
-/// Every kernel the backend launches, by kernel file (checked against the PTX in tests).
-pub const KERNEL_NAMES: &[(&str, &[&str])] = &[
-    ("matmul", &["gemv_f32", "gemv_f16", "gemv_bf16", "gemm_f32", "gemm_f16", "gemm_bf16"]),
-    ("norm", &["rms_norm_f32", "rms_norm_f16", "rms_norm_bf16"]),
-    ("rope", &["rope_f32"]),
+/// Every kernel the backend launches, by kernel file, with its parameter list: one letter
+/// per parameter, `p` a device pointer, `l` a u64, `u` a u32, `f` an f32. Launches are
+/// checked against it at run time, and the nvrtc_compile test checks it against the PTX, so
+/// an argument list that disagrees with a kernel's signature cannot reach the GPU.
+pub const KERNELS: &[(&str, &[(&str, &str)])] = &[
+    (
+        "matmul",
+        &[
+            ("gemv_f32", "ppppuuu"),
+            ("gemv_f16", "ppppuuu"),
+            ("gemv_bf16", "ppppuuu"),
+            ("gemm_f32", "ppppuuu"),
+            ("gemm_f16", "ppppuuu"),
+            ("gemm_bf16", "ppppuuu"),
+        ],
+    ),
+    ("norm", &[("rms_norm_f32", "pppufu"), ("rms_norm_f16", "pppufu"), ("rms_norm_bf16", "pppufu")]),
+    ("rope", &[("rope_f32", "ppuuuuuuu")]),
     (
         "attention",
         &[
-            "attention_f32_v4", "attention_f32_v8", "attention_f32_v16",
-            "attention_f16_v4", "attention_f16_v8", "attention_f16_v16",
-            "attention_bf16_v4", "attention_bf16_v8", "attention_bf16_v16",
+            ("attention_f32_v4", ATTN),
+            ("attention_f32_v8", ATTN),
+            ("attention_f32_v16", ATTN),
+            ("attention_f16_v4", ATTN),
+            ("attention_f16_v8", ATTN),
+            ("attention_f16_v16", ATTN),
+            ("attention_bf16_v4", ATTN),
+            ("attention_bf16_v8", ATTN),
+            ("attention_bf16_v16", ATTN),
         ],
     ),
-    ("elementwise", &["binary_f32", "scale_f32"]),
-    ("softmax_topk", &["softmax_f32", "top_k_f32"]),
-    ("gather_scatter", &["gather_rows_f32", "gather_rows_f16", "gather_rows_bf16", "scatter_add_rows_f32"]),
+    ("elementwise", &[("binary_f32", "ppluff"), ("scale_f32", "plf")]),
+    ("softmax_topk", &[("softmax_f32", "pu"), ("top_k_f32", "puupp")]),
+    (
+        "gather_scatter",
+        &[
+            ("gather_rows_f32", "ppup"),
+            ("gather_rows_f16", "ppup"),
+            ("gather_rows_bf16", "ppup"),
+            ("scatter_add_rows_f32", "ppppppu"),
+        ],
+    ),
     (
         "recurrent",
-        &["causal_conv1d_f32", "causal_conv1d_f16", "causal_conv1d_bf16", "conv_state_update_f32", "gated_delta_rule_f32"],
+        &[
+            ("causal_conv1d_f32", "ppppuuuu"),
+            ("causal_conv1d_f16", "ppppuuuu"),
+            ("causal_conv1d_bf16", "ppppuuuu"),
+            ("conv_state_update_f32", "ppuuu"),
+            ("gated_delta_rule_f32", "pppppppuuuuuff"),
+        ],
     ),
 ];
+
+/// Parameters of every attention kernel.
+const ATTN: &str = "pppppuuuuuufu";
+
+/// The kernel file and parameter letters of `kernel`.
+pub fn kernel_info(kernel: &str) -> Option<(&'static str, &'static str)> {
+    KERNELS
+        .iter()
+        .find_map(|(file, ks)| ks.iter().find(|(k, _)| *k == kernel).map(|(_, sig)| (*file, *sig)))
+}
