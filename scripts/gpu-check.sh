@@ -36,10 +36,15 @@ lim() {
   [ "$want" -lt 5 ] && want=5
   echo "$want"
 }
-# Runs a step with a time limit, all output to the log; returns its status.
+# Runs a step with a time limit, all output to the log; returns its status. A limit given
+# as "=N" is not cut by the budget: builds are never killed half-way, which can leave
+# corrupt artifacts behind for the next run.
 step() {
   local limit
-  limit=$(lim "$1")
+  case "$1" in
+    =*) limit=${1#=} ;;
+    *) limit=$(lim "$1") ;;
+  esac
   shift
   say "\$ $*"
   timeout --kill-after=10 "$limit" "$@" >>"$LOG" 2>&1
@@ -66,19 +71,30 @@ fi
 for d in "${CUDA_HOME:-/usr/local/cuda}/lib64" /usr/local/cuda/lib64; do
   [ -d "$d" ] && export LD_LIBRARY_PATH="$d${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 done
+# A system-wide pip install of nvidia-cuda-nvrtc-cu12 works too.
+wheel_lib=$(python3 -c 'import nvidia.cuda_nvrtc as m, os; print(os.path.join(list(m.__path__)[0], "lib"))' 2>/dev/null || true)
+[ -n "$wheel_lib" ] && [ -d "$wheel_lib" ] && export LD_LIBRARY_PATH="$wheel_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+have_nvrtc=no
+for d in ${LD_LIBRARY_PATH:+${LD_LIBRARY_PATH//:/ }}; do
+  compgen -G "$d/libnvrtc.so*" >/dev/null && have_nvrtc=yes
+done
+ldconfig -p 2>/dev/null | grep -q libnvrtc && have_nvrtc=yes
 export FT_CUDA_CACHE_DIR="$WORK/ptx"
 mkdir -p "$WORK"
 
 say "ft-actor GPU check: backend $BACKEND, profile $PROFILE, log $LOG"
 command -v nvidia-smi >/dev/null && step 20 nvidia-smi
+if [ "$BACKEND" = cuda ] && [ "$have_nvrtc" = no ]; then
+  say "warning: libnvrtc not found (no CUDA toolkit, no nvidia-cuda-nvrtc-cu12): the CUDA backend cannot compile its kernels; run .ci/install-nvrtc.sh where pip can reach PyPI"
+fi
 
 # 1. Build (binary and the test binaries used below).
-if ! step 300 cargo build "${CARGO_PROFILE[@]}" --bin ft-actor; then
+if ! step =420 cargo build "${CARGO_PROFILE[@]}" --bin ft-actor; then
   say "build failed; see $LOG"
   exit 1
 fi
-step 150 cargo test "${CARGO_PROFILE[@]}" --no-run -p ft-backend-cuda
-step 150 cargo test "${CARGO_PROFILE[@]}" --no-run --test fixture_models
+step =300 cargo test "${CARGO_PROFILE[@]}" --no-run -p ft-backend-cuda
+step =300 cargo test "${CARGO_PROFILE[@]}" --no-run --test fixture_models
 
 # 2. Backend tests: conformance (one test per op and dtype) and the NVRTC compile check.
 if [ "$BACKEND" = cuda ]; then
