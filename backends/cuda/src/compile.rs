@@ -143,6 +143,53 @@ pub fn compile_ptx(name: &str, source: &str, arch: Arch) -> Result<String, CudaE
     }
 }
 
+/// Compiles `source` to a cubin (machine code) for exactly `arch`. Used when the driver is
+/// older than NVRTC and refuses its PTX: a cubin needs no JIT, and CUDA's minor-version
+/// compatibility lets a 12.x driver run cubins from any 12.x compiler.
+pub fn compile_cubin(name: &str, source: &str, arch: Arch) -> Result<Vec<u8>, CudaError> {
+    use std::ffi::CString;
+    if !nvrtc_available() {
+        return Err(CudaError::NoNvrtc);
+    }
+    let nul = |_| CudaError::Nvrtc(format!("{name}: source contains a NUL byte"));
+    let src = CString::new(source).map_err(nul)?;
+    let file = CString::new(format!("{name}.cu")).map_err(nul)?;
+    let sm = format!("sm_{}{}", arch.major, arch.minor);
+    let mut opts: Vec<String> = OPTIONS.iter().map(|s| s.to_string()).collect();
+    opts.push(format!("--gpu-architecture={sm}"));
+    let prog = nvrtc::result::create_program(&src, Some(&file)).map_err(|e| CudaError::Nvrtc(format!("{name}: {e:?}")))?;
+    // SAFETY: `prog` is a live program until destroyed at the end; every buffer passed is
+    // sized as NVRTC reported.
+    let out = unsafe {
+        match nvrtc::result::compile_program(prog, &opts) {
+            Err(e) => {
+                let log = nvrtc::result::get_program_log(prog)
+                    .map(|l| l.iter().take_while(|c| **c != 0).map(|c| *c as u8 as char).collect::<String>())
+                    .unwrap_or_else(|_| format!("{e:?}"));
+                Err(CudaError::Compile { name: name.to_string(), arch: sm, log })
+            }
+            Ok(()) => {
+                let mut size = 0usize;
+                let r = nvrtc::sys::nvrtcGetCUBINSize(prog, &mut size);
+                if r != nvrtc::sys::nvrtcResult::NVRTC_SUCCESS || size == 0 {
+                    Err(CudaError::Nvrtc(format!("{name}: nvrtcGetCUBINSize: {r:?}")))
+                } else {
+                    let mut buf = vec![0u8; size];
+                    let r = nvrtc::sys::nvrtcGetCUBIN(prog, buf.as_mut_ptr() as *mut std::ffi::c_char);
+                    if r == nvrtc::sys::nvrtcResult::NVRTC_SUCCESS {
+                        Ok(buf)
+                    } else {
+                        Err(CudaError::Nvrtc(format!("{name}: nvrtcGetCUBIN: {r:?}")))
+                    }
+                }
+            }
+        }
+    };
+    // SAFETY: created above, destroyed once.
+    let _ = unsafe { nvrtc::result::destroy_program(prog) };
+    out
+}
+
 /// Where compiled PTX is kept between runs: `$FT_CUDA_CACHE_DIR`, else
 /// `$XDG_CACHE_HOME/ft-actor/ptx`, else `~/.cache/ft-actor/ptx`.
 pub fn default_cache_dir() -> Option<PathBuf> {

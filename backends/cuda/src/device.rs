@@ -1,6 +1,6 @@
 //! The device: context, streams, events, the kernel module cache and kernel launches.
 
-use crate::compile::{cached_ptx, compile_ptx, default_cache_dir, Arch, PtxSource};
+use crate::compile::{cached_ptx, compile_cubin, default_cache_dir, Arch, PtxSource};
 use crate::error::{driver, CudaError};
 use crate::kernels;
 use crate::memory::{Arena, HostMemoryMode, Staging};
@@ -180,13 +180,20 @@ impl CudaBackend {
         self.bind()?;
         let m = match self.ctx.load_module(Ptx::from_src(ptx)) {
             Ok(m) => m,
-            Err(e) if how == PtxSource::Disk => {
-                // A damaged cache file must not disable the backend: compile afresh.
-                tracing::warn!("cached PTX of {file}.cu did not load ({e:?}); recompiling");
-                let ptx = compile_ptx(kf.name, &kf.full_source(), self.target)?;
-                self.ctx.load_module(Ptx::from_src(ptx)).map_err(|e| driver(e, "loading PTX"))?
+            Err(e) => {
+                // A damaged cache file, or a driver older than NVRTC (which refuses newer PTX),
+                // must not disable the backend: compile machine code for this card instead.
+                tracing::warn!("PTX of {file}.cu ({how:?}) did not load ({e:?}); compiling a cubin for sm_{}{}", self.arch.major, self.arch.minor);
+                let arch = if crate::compile::supported_archs()?.contains(&(self.arch.major * 10 + self.arch.minor)) {
+                    self.arch
+                } else {
+                    self.target
+                };
+                let cubin = compile_cubin(kf.name, &kf.full_source(), arch)?;
+                self.ctx
+                    .load_module(Ptx::from_binary(cubin))
+                    .map_err(|e2| driver(e2, &format!("loading {file}.cu (PTX: {e:?}; cubin)")))?
             }
-            Err(e) => return Err(driver(e, &format!("loading the PTX of {file}.cu"))),
         };
         modules.insert(file, m.clone());
         Ok(m)

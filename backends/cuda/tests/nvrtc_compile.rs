@@ -132,3 +132,23 @@ fn target_arch_falls_back_to_what_nvrtc_knows() {
     assert_eq!(target_arch(Arch::new(99, 9)).expect("future card"), Arch::new(newest / 10, newest % 10));
     assert!(target_arch(Arch::new(1, 0)).is_err());
 }
+
+#[test]
+fn every_kernel_file_compiles_to_a_cubin() {
+    if !nvrtc_or_skip("every_kernel_file_compiles_to_a_cubin") {
+        return;
+    }
+    // The fallback for drivers older than NVRTC: machine code, an ELF image.
+    for arch in [Arch::new(8, 0), Arch::new(9, 0)] {
+        for file in kernels::FILES {
+            let cubin = ft_backend_cuda::compile::compile_cubin(file.name, &file.full_source(), arch)
+                .unwrap_or_else(|e| panic!("{e}"));
+            assert_eq!(&cubin[..4], b"\x7fELF", "{} for sm_{}{}", file.name, arch.major, arch.minor);
+        }
+    }
+    let broken = format!("{}\nextern \"C\" __global__ void broken() {{ nope; }}\n", kernels::COMMON);
+    match ft_backend_cuda::compile::compile_cubin("broken", &broken, Arch::new(9, 0)) {
+        Err(CudaError::Compile { log, .. }) => assert!(log.contains("nope"), "{log}"),
+        other => panic!("expected a compile error, got {other:?}"),
+    }
+}
