@@ -10,6 +10,9 @@ use ft_backend::{BackendError, BinaryOp, DeviceBuffer, MatmulDesc, Result, RmsNo
 /// Token counts up to this use the GEMV kernel (one weight pass per token, from L2 after the
 /// first); beyond it the tiled GEMM.
 const GEMV_MAX_N: usize = 4;
+/// Threads (warps × 32, one output row per warp) per GEMV block. Four warps rather than
+/// eight spread an expert's 768-row matrices over more SMs.
+const GEMV_BLOCK: u32 = 128;
 
 /// See [`ft_backend::Backend::matmul`].
 pub(crate) fn matmul(
@@ -33,7 +36,7 @@ pub(crate) fn matmul(
     let dt = w.dtype();
     if n <= GEMV_MAX_N {
         let kernel = by_dtype(dt, ["gemv_f32", "gemv_f16", "gemv_bf16"]);
-        b.launch(kernel, (m32.div_ceil(BLOCK / 32), n32, 1), BLOCK, 0, &args)
+        b.launch(kernel, (m32.div_ceil(GEMV_BLOCK / 32), n32, 1), GEMV_BLOCK, 0, &args)
     } else {
         let kernel = by_dtype(dt, ["gemm_f32", "gemm_f16", "gemm_bf16"]);
         b.launch(kernel, (m32.div_ceil(64), n32.div_ceil(64), 1), 256, 0, &args)
