@@ -4,8 +4,9 @@
 //! is needed to build, and a machine without an NVIDIA driver gets one clear
 //! [`BackendError::Unavailable`] instead of a panic, so `--backend auto` can fall back to the
 //! CPU. Kernels are the `.cu` files of `backends/cuda/kernels`, embedded in the binary and
-//! compiled by NVRTC for the card's compute capability on first use, with the PTX cached in
-//! memory and on disk ([`compile`]).
+//! compiled by NVRTC for the card's compute capability when the device is opened, with the
+//! PTX cached in memory and on disk ([`compile`]). Buffers, streams, events and the kernel
+//! launches live in [`CudaBackend`]; the ops' host-side checks in [`ops`].
 
 mod backend;
 pub mod compile;
@@ -56,8 +57,7 @@ pub fn driver_available() -> bool {
 
 /// Opens CUDA device `ordinal`.
 pub fn open(ordinal: usize) -> Result<Arc<dyn Backend>, BackendError> {
-    // Both probes: a driver outside the usual folders is still found by the loader, and the
-    // loader's answer is what decides whether cudarc would panic.
+    // The loader's answer (not find_driver's folder list) decides whether cudarc would panic.
     if !driver_available() {
         return Err(CudaError::NoDriver.into());
     }
