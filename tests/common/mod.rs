@@ -31,9 +31,18 @@ pub fn cpu_backend() -> Arc<dyn ft_backend::Backend> {
     Arc::new(ft_backend_cpu::CpuBackend::new(ft_backend_cpu::CpuOptions { threads: Some(2), ..Default::default() }).expect("cpu backend"))
 }
 
-/// Loads a fixture checkpoint on the CPU backend.
+/// The backend fixtures load on: the CPU, or CUDA device 0 with `FT_TEST_BACKEND=cuda`
+/// (scripts/gpu-check.sh).
+pub fn test_backend() -> Arc<dyn ft_backend::Backend> {
+    match std::env::var("FT_TEST_BACKEND").as_deref() {
+        Ok("cuda") => ft_backend_cuda::open(0).unwrap_or_else(|e| panic!("FT_TEST_BACKEND=cuda: {e}")),
+        _ => cpu_backend(),
+    }
+}
+
+/// Loads a fixture checkpoint on [`test_backend`].
 pub fn load(name: &str) -> Model {
-    Model::load(&fixture(name).join("checkpoint"), cpu_backend(), &mut |_, _| {}).unwrap_or_else(|e| panic!("{name}: {e}"))
+    Model::load(&fixture(name).join("checkpoint"), test_backend(), &mut |_, _| {}).unwrap_or_else(|e| panic!("{name}: {e}"))
 }
 
 /// Largest absolute difference; panics on length mismatch.

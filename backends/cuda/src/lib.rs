@@ -1,9 +1,26 @@
 //! CUDA backend of ft-actor (the primary GPU backend).
 //!
-//! The kernels and the `Backend` implementation arrive with the CUDA backend work; what is
-//! here already is the driver probe, so `--backend cuda` fails with one clear message on a
-//! machine without an NVIDIA driver and `--backend auto` can fall back to the CPU. It loads
-//! nothing at build time: no CUDA toolkit is needed to compile the project.
+//! Everything CUDA is loaded at run time through `cudarc` (dynamic loading): no CUDA toolkit
+//! is needed to build, and a machine without an NVIDIA driver gets one clear
+//! [`BackendError::Unavailable`] instead of a panic, so `--backend auto` can fall back to the
+//! CPU. Kernels are the `.cu` files of `backends/cuda/kernels`, embedded in the binary and
+//! compiled by NVRTC for the card's compute capability when the device is opened, with the
+//! PTX cached in memory and on disk ([`compile`]). Buffers, streams, events and the kernel
+//! launches live in [`CudaBackend`]; the ops' host-side checks in [`ops`].
+
+mod backend;
+pub mod compile;
+mod device;
+pub mod error;
+pub mod kernels;
+mod memory;
+mod pool;
+pub mod ops;
+
+pub use compile::{compile_ptx, nvrtc_available, Arch};
+pub use device::{CudaBackend, COPY_STREAM};
+pub use error::CudaError;
+pub use memory::{CudaStorage, HostMemoryMode};
 
 use ft_backend::{Backend, BackendError};
 use std::path::PathBuf;
@@ -31,19 +48,37 @@ pub fn find_driver() -> Option<PathBuf> {
         .find(|p| p.exists())
 }
 
+/// Whether the driver library can be loaded (checked before any call that would panic
+/// without it).
+pub fn driver_available() -> bool {
+    // SAFETY: only tries to dlopen the library under its usual names.
+    unsafe { cudarc::driver::sys::is_culib_present() }
+}
+
 /// Opens CUDA device `ordinal`.
 pub fn open(ordinal: usize) -> Result<Arc<dyn Backend>, BackendError> {
-    match find_driver() {
-        None => Err(BackendError::Unavailable(
-            "no NVIDIA driver found (libcuda.so.1 is not on LD_LIBRARY_PATH or in the system library folders); \
-             use --backend cpu, or --backend auto to fall back to the CPU"
-                .into(),
-        )),
-        Some(path) => Err(BackendError::Unavailable(format!(
-            "found the NVIDIA driver at {} but this build has no CUDA kernels yet (device {ordinal}); use --backend cpu",
-            path.display()
-        ))),
+    // The loader's answer (not find_driver's folder list) decides whether cudarc would panic.
+    if !driver_available() {
+        return Err(CudaError::NoDriver.into());
     }
+    // cudarc panics where a driver lacks a symbol it binds lazily; that must read as "this
+    // machine cannot run the CUDA backend", not abort the engine.
+    // Kernels are compiled (or read from the disk cache) here, so a compiler or driver problem
+    // shows at start-up rather than in the first layer.
+    let made = std::panic::catch_unwind(|| {
+        let b = CudaBackend::new(ordinal)?;
+        b.warm_up().map_err(|e| CudaError::Driver(e.to_string()))?;
+        Ok(b)
+    })
+    .unwrap_or_else(|p| {
+        let what = p.downcast_ref::<String>().cloned().or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()));
+        Err(CudaError::Driver(format!("the CUDA driver library failed: {}", what.unwrap_or_default())))
+    });
+    let b = made.map_err(|e| match e {
+        CudaError::NoDriver | CudaError::NoNvrtc => BackendError::from(e),
+        e => BackendError::Unavailable(format!("NVIDIA driver found but CUDA device {ordinal} cannot be opened: {e}")),
+    })?;
+    Ok(Arc::new(b))
 }
 
 #[cfg(test)]
