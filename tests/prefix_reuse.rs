@@ -17,7 +17,7 @@
 mod common;
 mod server_common;
 
-use ft_actor::chat::{ChatRequest, ChatTemplate};
+use ft_actor::chat::ChatTemplate;
 use ft_actor::engine::{Engine, EngineConfig, EngineHandle, EngineRequest};
 use ft_actor::kv::reuse::{PrefixStore, ReuseSettings};
 use ft_actor::server::ServerSettings;
@@ -112,16 +112,7 @@ fn openai_messages(messages: &[Value]) -> Vec<Value> {
 }
 
 fn render(tok: &Tokenizer, template: &ChatTemplate, messages: &[Value]) -> Vec<u32> {
-    let req = ChatRequest {
-        messages: messages.to_vec(),
-        tools: None,
-        documents: None,
-        add_generation_prompt: true,
-        continue_final_message: false,
-        enable_thinking: None,
-        extra: Default::default(),
-    };
-    tok.encode(&template.render(&req).expect("render"), false).expect("encode")
+    ft_actor::bench::replay::render(template, tok, messages).expect("render")
 }
 
 fn lcp(a: &[u32], b: &[u32]) -> usize {

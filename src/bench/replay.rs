@@ -68,7 +68,8 @@ fn conversation(turns: usize, tool_tokens: usize) -> Vec<Value> {
     m
 }
 
-fn render(template: &ChatTemplate, tok: &Tokenizer, messages: &[Value]) -> Result<Vec<u32>, EngineError> {
+/// Prompt ids of `messages` with a generation prompt, as the server renders a chat request.
+pub fn render(template: &ChatTemplate, tok: &Tokenizer, messages: &[Value]) -> Result<Vec<u32>, EngineError> {
     let req = ChatRequest {
         messages: messages.to_vec(),
         tools: None,

@@ -239,33 +239,32 @@ impl SequenceState {
 
     /// Copies the state as it is now into device memory.
     pub fn snapshot(&self) -> Result<StateSnapshot, ModelError> {
-        let be = self.backend.as_ref();
-        let parts = self
-            .buffers()
-            .into_iter()
-            .zip(self.snapshot_extents(self.len))
-            .map(|((buf, _), n)| {
-                let mut copy = be.alloc(DType::F32, n, BufferUsage::Kv)?;
-                copy_prefix(be, buf, &mut copy, n)?;
-                Ok(Part::Device(copy))
-            })
-            .collect::<Result<_, ModelError>>()?;
-        Ok(StateSnapshot { len: self.len, parts })
+        self.take_snapshot(false)
     }
 
     /// Copies the state as it is now straight into host memory.
     pub fn snapshot_to_host(&self) -> Result<StateSnapshot, ModelError> {
+        self.take_snapshot(true)
+    }
+
+    fn take_snapshot(&self, to_host: bool) -> Result<StateSnapshot, ModelError> {
         let be = self.backend.as_ref();
         let parts = self
             .buffers()
             .into_iter()
             .zip(self.snapshot_extents(self.len))
             .map(|((buf, _), n)| {
-                let mut bytes = vec![0u8; n * DType::F32.size()];
-                if n > 0 {
-                    be.download(StreamId::COMPUTE, buf, 0, &mut bytes)?;
+                if to_host {
+                    let mut bytes = vec![0u8; n * DType::F32.size()];
+                    if n > 0 {
+                        be.download(StreamId::COMPUTE, buf, 0, &mut bytes)?;
+                    }
+                    Ok(Part::Host(bytes))
+                } else {
+                    let mut copy = be.alloc(DType::F32, n, BufferUsage::Kv)?;
+                    copy_prefix(be, buf, &mut copy, n)?;
+                    Ok(Part::Device(copy))
                 }
-                Ok(Part::Host(bytes))
             })
             .collect::<Result<_, ModelError>>()?;
         Ok(StateSnapshot { len: self.len, parts })

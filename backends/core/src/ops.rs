@@ -48,6 +48,18 @@ impl Op {
         Op::CausalConv1d,
         Op::GatedDeltaRule,
     ];
+
+    /// Whether the op's dtype names stored data (weights, tables, caches, copies), which the
+    /// trait allows in every dtype; the other ops work on f32 activations only.
+    pub fn takes_stored_dtype(self) -> bool {
+        matches!(self, Op::Matmul | Op::RmsNorm | Op::Attention | Op::GatherRows | Op::Copy | Op::CausalConv1d)
+    }
+
+    /// The [`crate::Backend::supports`] answer of a backend that implements every op in every
+    /// dtype the trait allows.
+    pub fn fully_supported(self, dtype: crate::DType) -> bool {
+        self.takes_stored_dtype() || dtype == crate::DType::F32
+    }
 }
 
 /// Element-wise `a = op(a, b)`.

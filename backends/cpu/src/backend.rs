@@ -54,22 +54,8 @@ impl Backend for CpuBackend {
     }
 
     fn supports(&self, op: Op, dtype: DType) -> bool {
-        match op {
-            // The dtype of these is a weight, table, cache or copied buffer's: all widen exactly.
-            Op::Matmul
-            | Op::RmsNorm
-            | Op::Attention
-            | Op::GatherRows
-            | Op::Copy
-            | Op::CausalConv1d => true,
-            Op::Rope
-            | Op::Binary
-            | Op::Scale
-            | Op::Softmax
-            | Op::TopK
-            | Op::ScatterAddRows
-            | Op::GatedDeltaRule => dtype == DType::F32,
-        }
+        // Every op is implemented, for every dtype the trait allows.
+        op.fully_supported(dtype)
     }
 
     fn as_any(&self) -> &dyn Any {

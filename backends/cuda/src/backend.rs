@@ -87,13 +87,8 @@ impl Backend for CudaBackend {
     }
 
     fn supports(&self, op: Op, dtype: DType) -> bool {
-        match op {
-            // Kernels templated over the weight/table/cache dtype.
-            Op::Matmul | Op::RmsNorm | Op::Attention | Op::GatherRows | Op::Copy | Op::CausalConv1d => true,
-            Op::Rope | Op::Binary | Op::Scale | Op::Softmax | Op::TopK | Op::ScatterAddRows | Op::GatedDeltaRule => {
-                dtype == DType::F32
-            }
-        }
+        // Every op is implemented, for every dtype the trait allows.
+        op.fully_supported(dtype)
     }
 
     fn as_any(&self) -> &dyn Any {

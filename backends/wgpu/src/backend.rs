@@ -47,22 +47,8 @@ impl Backend for WgpuBackend {
     }
 
     fn supports(&self, op: Op, dtype: DType) -> bool {
-        match op {
-            // Weight, cache, table or copied data: every dtype is decoded in the shaders.
-            Op::Matmul
-            | Op::RmsNorm
-            | Op::Attention
-            | Op::GatherRows
-            | Op::Copy
-            | Op::CausalConv1d => true,
-            Op::Rope
-            | Op::Binary
-            | Op::Scale
-            | Op::Softmax
-            | Op::TopK
-            | Op::ScatterAddRows
-            | Op::GatedDeltaRule => dtype == DType::F32,
-        }
+        // Every op is implemented, for every dtype the trait allows.
+        op.fully_supported(dtype)
     }
 
     fn as_any(&self) -> &dyn Any {

@@ -277,6 +277,12 @@ impl<P> AnchorIndex<P> {
     /// KV can be truncated at any position, so attention-only models may reuse this much even
     /// past the last anchor. Does not count as a hit or touch anything.
     pub fn longest_common_prefix(&self, prompt: &[u32]) -> usize {
+        self.walk_common(prompt).1
+    }
+
+    /// Walks `prompt` down the tree as far as it matches: the last node entered (whose edge
+    /// may match only in part) and the number of tokens matched.
+    fn walk_common(&self, prompt: &[u32]) -> (usize, usize) {
         let mut node = ROOT;
         let mut pos = 0;
         while let Some(&child) = prompt
@@ -290,12 +296,12 @@ impl<P> AnchorIndex<P> {
                 .take_while(|(a, b)| a == b)
                 .count();
             pos += common;
-            if common < edge.len() {
+            node = child;
+            if common < self.nodes[child].edge.len() {
                 break;
             }
-            node = child;
         }
-        pos
+        (node, pos)
     }
 
     /// The anchor whose tokens share the longest common prefix with `prompt`, and that
@@ -304,25 +310,8 @@ impl<P> AnchorIndex<P> {
     /// deepest reuse possible. Counts a hit (touching the anchor) or a miss; starts an epoch.
     pub fn shared_prefix(&mut self, prompt: &[u32]) -> Option<(AnchorId, usize)> {
         self.tick();
-        let mut node = ROOT;
-        let mut pos = 0;
-        while let Some(&child) = prompt
-            .get(pos)
-            .and_then(|t| self.nodes[node].children.get(t))
-        {
-            let edge = &self.nodes[child].edge;
-            let common = edge
-                .iter()
-                .zip(&prompt[pos..])
-                .take_while(|(a, b)| a == b)
-                .count();
-            pos += common;
-            // Even a partly matched edge leads to state that covers `pos` tokens.
-            node = child;
-            if common < self.nodes[child].edge.len() {
-                break;
-            }
-        }
+        // Even a partly matched edge leads to state that covers `pos` tokens.
+        let (node, pos) = self.walk_common(prompt);
         // Only anchored paths are stored, so descending from any non-root node reaches an
         // anchor; prefer the nearest one (the smallest state that covers the prefix).
         let found = (pos > 0).then(|| self.nearest_anchor_below(node)).flatten();
