@@ -10,7 +10,10 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value as Json;
 
+mod boundary;
 mod stream;
+
+pub use boundary::BoundaryToken;
 pub use stream::StreamDecoder;
 
 /// Why a tokenizer could not be loaded or used.
@@ -56,68 +59,6 @@ pub enum TokenizerError {
     /// The `tokenizers` crate failed to decode ids.
     #[error("decoding failed: {0}")]
     Decode(String),
-}
-
-/// Content strings of tokens that mark turn, reasoning or tool-call boundaries in the chat
-/// formats of the supported model families. Only those present in a vocabulary are reported.
-const BOUNDARY_CANDIDATES: &[&str] = &[
-    // ChatML (Qwen) and generic end markers
-    "<|im_start|>",
-    "<|im_end|>",
-    "<|endoftext|>",
-    "<think>",
-    "</think>",
-    "<tool_call>",
-    "</tool_call>",
-    "<tool_response>",
-    "</tool_response>",
-    // gpt-oss (harmony)
-    "<|start|>",
-    "<|end|>",
-    "<|message|>",
-    "<|channel|>",
-    "<|return|>",
-    "<|call|>",
-    // DeepSeek-V3
-    "<｜begin▁of▁sentence｜>",
-    "<｜end▁of▁sentence｜>",
-    "<｜User｜>",
-    "<｜Assistant｜>",
-    "<｜tool▁calls▁begin｜>",
-    "<｜tool▁calls▁end｜>",
-    "<｜tool▁call▁begin｜>",
-    "<｜tool▁call▁end｜>",
-    "<｜tool▁sep｜>",
-    "<｜tool▁outputs▁begin｜>",
-    "<｜tool▁outputs▁end｜>",
-    "<｜tool▁output▁begin｜>",
-    "<｜tool▁output▁end｜>",
-    // GLM-4.5
-    "<|user|>",
-    "<|assistant|>",
-    "<|system|>",
-    "<|observation|>",
-    "<arg_key>",
-    "</arg_key>",
-    "<arg_value>",
-    "</arg_value>",
-    // Mistral / Mixtral
-    "<s>",
-    "</s>",
-    "[INST]",
-    "[/INST]",
-    "[TOOL_CALLS]",
-];
-
-/// A boundary token found in the vocabulary (see [`Tokenizer::boundary_tokens`]).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct BoundaryToken {
-    /// The token's content string, e.g. `</think>`.
-    pub content: String,
-    /// Its id in this vocabulary.
-    pub id: u32,
-    /// Whether it is a special token (dropped by `decode(.., skip_special = true)`).
-    pub special: bool,
 }
 
 /// A named special token (bos, eos, pad, unk) and its id when it exists in the vocabulary.
@@ -243,37 +184,8 @@ impl Tokenizer {
             .max()
             .map_or(0, |m| *m as usize + 1);
 
-        let mut boundary: Vec<BoundaryToken> = Vec::new();
         let eos_content = eos.as_ref().map(|t| t.content.as_str());
-        for content in BOUNDARY_CANDIDATES.iter().copied().chain(eos_content) {
-            if boundary.iter().any(|b| b.content == content) {
-                continue;
-            }
-            if let Some(id) = inner.token_to_id(content) {
-                let special = special_set.contains(&id);
-                boundary.push(BoundaryToken {
-                    content: content.to_string(),
-                    id,
-                    special,
-                });
-            }
-        }
-
-        // Special tokens the chat template itself writes (role headers, tool wrappers) mark
-        // boundaries too, even when they are not among the known names above.
-        let mut added: Vec<(u32, String)> = inner
-            .get_added_tokens_decoder()
-            .into_iter()
-            .filter(|(_, t)| t.special && t.content.chars().count() > 1)
-            .map(|(id, t)| (id, t.content))
-            .collect();
-        added.sort_unstable();
-        for (id, content) in added {
-            let in_template = chat_templates.iter().any(|(_, src)| src.contains(content.as_str()));
-            if in_template && !boundary.iter().any(|b| b.id == id) {
-                boundary.push(BoundaryToken { content, id, special: true });
-            }
-        }
+        let boundary = boundary::find(&inner, eos_content, &special_set, &chat_templates);
 
         Ok(Tokenizer {
             inner,

@@ -121,7 +121,8 @@ pub fn transcript(tok: &Tokenizer, o: &ReplayOptions) -> Result<Vec<ReplayReques
 pub async fn replay(engine: &EngineHandle, requests: &[ReplayRequest], gen_tokens: usize, progress: &mut dyn FnMut(&str)) -> Result<Vec<TurnCost>, EngineError> {
     let used: std::collections::HashSet<u32> = requests.iter().flat_map(|r| r.prompt.iter().copied()).collect();
     let vocab = engine.info().config.vocab_size as u32;
-    let warm: Vec<u32> = (0..vocab).filter(|t| !used.contains(t)).take(64).collect();
+    // Long enough to route to nearly every expert of every layer at least once.
+    let warm: Vec<u32> = (0..vocab).filter(|t| !used.contains(t)).take(256).collect();
     if !warm.is_empty() {
         engine.generate(EngineRequest::greedy(warm, gen_tokens.max(1))).await?.collect().await?;
     }
