@@ -202,8 +202,7 @@ impl Worker {
         Ok(StepOutput { token, logits: s.return_logits.then_some(logits), cached })
     }
 
-    /// Runs a prompt from `cached` on, pausing where anchors are to be recorded, and
-    /// records one at the prompt's end.
+    /// Runs a prompt from `cached` on, pausing where anchors are to be recorded.
     fn prefill(&mut self, seq: u64, prompt: &[u32], cached: usize) -> Result<Vec<f32>, String> {
         let mut at = cached;
         for stop in self.args.reuse.prefill_stops(prompt, cached) {
@@ -214,7 +213,11 @@ impl Worker {
         }
         let logits = self.forward(seq, &prompt[at..], Logits::Last)?;
         self.dev.prefill_tokens += (prompt.len() - at) as u64;
-        self.save_anchor(seq);
+        // Attention state is saved once, when the sequence ends (it covers the prompt too);
+        // recurrent state must be captured here or never.
+        if self.args.reuse.needs_snapshots() {
+            self.save_anchor(seq);
+        }
         Ok(logits)
     }
 

@@ -2,9 +2,9 @@
 //! when to save one and how far a new prompt may resume.
 //!
 //! - **Attention-only models** can cut KV at any token, so every position is a restore point:
-//!   the store keeps one snapshot per conversation branch (taken when the prompt is prefilled
-//!   and again when the sequence ends, which supersedes the first) and resumes a new prompt
-//!   at the exact longest common prefix with anything stored.
+//!   the store keeps one snapshot per conversation branch (taken when the sequence ends; it
+//!   supersedes the shorter ones on its path) and resumes a new prompt at the exact longest
+//!   common prefix with anything stored.
 //! - **Models with recurrent layers** summarise all tokens in a fixed-size state that cannot
 //!   be rolled back, so they resume only where a snapshot was taken: after boundary tokens
 //!   (end of a message, tool-call and tool-response markers, end of thinking) seen in prefill
