@@ -127,7 +127,9 @@ impl PrefixStore {
                 // it empty and the prompt is simply prefilled in full.
                 tracing::warn!("prefix reuse: restoring {len} tokens failed ({e}); prefilling the whole prompt");
                 self.stats.failed_restores += 1;
-                let _ = self.index.remove(id);
+                if let Some(gone) = self.index.remove(id) {
+                    self.forget(&gone);
+                }
                 0
             }
         }
