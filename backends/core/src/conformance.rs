@@ -40,7 +40,8 @@ mod memory;
 mod recurrent;
 
 pub use cases::{
-    attention, binary, gather_rows, matmul, rms_norm, rope, scale, scatter_add_rows, softmax, top_k,
+    attention, binary, gather_rows, matmul, matmul_quant, rms_norm, rope, scale, scatter_add_rows,
+    softmax, top_k,
 };
 pub use memory::{copy_upload_download, errors, import_host, memory, streams_events};
 pub use recurrent::{causal_conv1d, gated_delta_rule};
@@ -118,6 +119,9 @@ macro_rules! conformance_suite {
         $crate::__conformance_test!(matmul_f32, $make, matmul, $crate::DType::F32);
         $crate::__conformance_test!(matmul_bf16, $make, matmul, $crate::DType::BF16);
         $crate::__conformance_test!(matmul_f16, $make, matmul, $crate::DType::F16);
+        $crate::__conformance_test!(matmul_fp8, $make, matmul_quant, $crate::DType::F8E4M3);
+        $crate::__conformance_test!(matmul_nvfp4, $make, matmul_quant, $crate::DType::Nvfp4);
+        $crate::__conformance_test!(matmul_mxfp4, $make, matmul_quant, $crate::DType::Mxfp4);
         $crate::__conformance_test!(rms_norm_f32, $make, rms_norm, $crate::DType::F32);
         $crate::__conformance_test!(rms_norm_bf16, $make, rms_norm, $crate::DType::BF16);
         $crate::__conformance_test!(rms_norm_f16, $make, rms_norm, $crate::DType::F16);

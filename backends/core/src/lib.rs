@@ -10,6 +10,7 @@ pub mod conformance;
 pub mod dtype;
 pub mod error;
 pub mod ops;
+pub mod quant;
 pub mod reference;
 
 pub use buffer::{BufferStorage, BufferUsage, DeviceBuffer, HostBytes};

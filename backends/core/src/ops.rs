@@ -56,9 +56,17 @@ impl Op {
     }
 
     /// The [`crate::Backend::supports`] answer of a backend that implements every op in every
-    /// dtype the trait allows.
+    /// dtype the trait allows: quantized types are weight formats, for `Matmul` only.
     pub fn fully_supported(self, dtype: crate::DType) -> bool {
+        if dtype.is_quantized() {
+            return self == Op::Matmul;
+        }
         self.takes_stored_dtype() || dtype == crate::DType::F32
+    }
+
+    /// What a backend without kernels for the quantized weight types answers.
+    pub fn supported_unquantized(self, dtype: crate::DType) -> bool {
+        !dtype.is_quantized() && self.fully_supported(dtype)
     }
 }
 
@@ -140,7 +148,12 @@ pub struct MatmulDesc {
 impl MatmulDesc {
     /// A plain `[n, k] · [m, k]ᵀ` with no offsets.
     pub fn new(n: usize, k: usize, m: usize) -> Self {
-        Self { n, k, m, ..Default::default() }
+        Self {
+            n,
+            k,
+            m,
+            ..Default::default()
+        }
     }
 }
 

@@ -63,7 +63,12 @@ impl Backend for CpuBackend {
     }
 
     fn alloc(&self, dtype: DType, len: usize, usage: BufferUsage) -> Result<DeviceBuffer> {
-        let size = need(len, dtype.size(), "allocation")?;
+        let size = dtype.bytes_for(len).ok_or_else(|| {
+            BackendError::Shape(format!(
+                "allocation of {len} {dtype} values: not whole blocks of {}, or overflows",
+                dtype.block_elems()
+            ))
+        })?;
         // A soft limit: concurrent allocations may overshoot by one buffer each, which is fine
         // for capacity planning and avoids a lock on this path.
         let free = self
@@ -91,13 +96,9 @@ impl Backend for CpuBackend {
         dtype: DType,
         usage: BufferUsage,
     ) -> Result<DeviceBuffer> {
-        if !data.len().is_multiple_of(dtype.size()) {
-            return Err(BackendError::Shape(format!(
-                "{} bytes are not whole {dtype} values",
-                data.len()
-            )));
-        }
-        let len = data.len() / dtype.size();
+        let len = dtype.elems_in(data.len()).ok_or_else(|| {
+            BackendError::Shape(format!("{} bytes are not whole {dtype} values", data.len()))
+        })?;
         // Zero-copy: kernels read the caller's bytes where they are, at any alignment.
         Ok(DeviceBuffer::new(
             Box::new(CpuStorage::Imported(data)),
@@ -162,6 +163,13 @@ impl Backend for CpuBackend {
     ) -> Result<()> {
         self.check_stream(stream)?;
         expect_dtype(dst, src.dtype(), "copy destination")?;
+        if src.dtype().is_quantized() {
+            return Err(BackendError::Unsupported {
+                backend: "cpu".into(),
+                op: Op::Copy,
+                dtype: src.dtype(),
+            });
+        }
         let es = src.dtype().size();
         let from = range(
             bytes(src, "copy source")?,
@@ -217,13 +225,31 @@ impl Backend for CpuBackend {
     ) -> Result<()> {
         let MatmulDesc { n, k, m, .. } = *desc;
         let xs = f32s(x, desc.x_offset, need(n, k, "x")?, "matmul x")?;
-        let wb = range(
-            bytes(w, "matmul w")?,
-            desc.w_offset,
-            need(m, k, "w")?,
-            w.dtype().size(),
-            "matmul w",
-        )?;
+        let wb = if w.dtype().is_quantized() {
+            // Rows are whole blocks: offsets and lengths count blocks of the padded rows.
+            let dt = w.dtype();
+            if !desc.w_offset.is_multiple_of(dt.block_elems()) {
+                return Err(BackendError::Shape(format!(
+                    "{dt} weight offset {} is not on a block boundary",
+                    desc.w_offset
+                )));
+            }
+            range(
+                bytes(w, "matmul w")?,
+                desc.w_offset / dt.block_elems(),
+                need(m, dt.padded(k) / dt.block_elems(), "w")?,
+                dt.size(),
+                "matmul w",
+            )?
+        } else {
+            range(
+                bytes(w, "matmul w")?,
+                desc.w_offset,
+                need(m, k, "w")?,
+                w.dtype().size(),
+                "matmul w",
+            )?
+        };
         let bias = bias
             .map(|b| f32s(b, desc.bias_offset, m, "matmul bias"))
             .transpose()?;

@@ -25,6 +25,11 @@ impl CudaBackend {
     /// Uninitialised device memory: scratch from the pool, anything else fresh. When the
     /// driver runs out, the pool's cached memory is released and the allocation tried again.
     fn alloc_raw(&self, dtype: DType, len: usize, usage: BufferUsage) -> Result<DeviceBuffer> {
+        if dtype.is_quantized() {
+            // No kernel reads the block-quantized types here yet; refusing their buffers keeps
+            // them away from the f32/f16/bf16 kernels (`supports` says the same).
+            return Err(BackendError::Unsupported { backend: "cuda".into(), op: ft_backend::Op::Matmul, dtype });
+        }
         let size = len
             .checked_mul(dtype.size())
             .filter(|s| *s <= isize::MAX as usize)
@@ -87,8 +92,8 @@ impl Backend for CudaBackend {
     }
 
     fn supports(&self, op: Op, dtype: DType) -> bool {
-        // Every op is implemented, for every dtype the trait allows.
-        op.fully_supported(dtype)
+        // Every op in the plain dtypes; no kernels for the block-quantized weight types yet.
+        op.supported_unquantized(dtype)
     }
 
     fn as_any(&self) -> &dyn Any {

@@ -191,6 +191,15 @@ impl WgpuBackend {
         len: usize,
         usage: BufferUsage,
     ) -> Result<DeviceBuffer> {
+        if dtype.is_quantized() {
+            // No shader reads the block-quantized types yet; refusing their buffers keeps them
+            // away from the f32/f16/bf16 shaders (`supports` says the same).
+            return Err(BackendError::Unsupported {
+                backend: "wgpu".into(),
+                op: ft_backend::Op::Matmul,
+                dtype,
+            });
+        }
         let bytes = need(len, dtype.size(), "allocation")?;
         // wgpu zero-initialises new buffers.
         let buffer = self.create(bytes, None)?;
@@ -203,6 +212,13 @@ impl WgpuBackend {
         dtype: DType,
         usage: BufferUsage,
     ) -> Result<DeviceBuffer> {
+        if dtype.is_quantized() {
+            return Err(BackendError::Unsupported {
+                backend: "wgpu".into(),
+                op: ft_backend::Op::Matmul,
+                dtype,
+            });
+        }
         if !data.len().is_multiple_of(dtype.size()) {
             return Err(BackendError::Shape(format!(
                 "{} bytes are not whole {dtype} values",

@@ -69,6 +69,8 @@ pub(crate) fn dtype_code(dtype: DType) -> u32 {
         DType::F32 => 0,
         DType::F16 => 1,
         DType::BF16 => 2,
+        // Unreachable: the backend refuses to allocate or import quantized buffers.
+        DType::F8E4M3 | DType::Nvfp4 | DType::Mxfp4 => 0,
     }
 }
 

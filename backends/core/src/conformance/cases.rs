@@ -113,6 +113,90 @@ fn check_matmul(
     );
 }
 
+/// `matmul` with block-quantized weights of `dtype` against the f32 product of the
+/// dequantized weights ([`crate::quant::dequantize_matrix`]): GEMV and prefill shapes, rows
+/// whose last block is partial, and the second of two stacked matrices (an expert of a fused
+/// tensor, selected by `w_offset`). Same tolerance as the plain dtypes: only the summation
+/// order may differ from the reference.
+pub fn matmul_quant(b: &dyn Backend, dtype: DType) {
+    if !supported(b, Op::Matmul, dtype) {
+        return;
+    }
+    let mut rng = Rng::new(0x7175_616e ^ dtype.block_elems() as u64);
+    let shapes = [
+        (1, 32, 1),
+        (1, 128, 5),
+        (1, 300, 7),
+        (3, 256, 16),
+        (9, 1000, 33),
+        (17, 520, 40),
+        (1, 4096, 64),
+        (33, 2100, 20),
+    ];
+    for (i, &(n, k, m)) in shapes.iter().enumerate() {
+        let what = format!("matmul {dtype} n={n} k={k} m={m}");
+        let second = i % 2 == 1;
+        // Weights of very different magnitudes per row, so scales differ from block to block.
+        let vals: Vec<Vec<f32>> = (0..2)
+            .map(|_| {
+                (0..m * k)
+                    .map(|j| rng.uniform() * (1.0 + (j / k) as f32 * 3.0))
+                    .collect()
+            })
+            .collect();
+        let mut bytes = crate::quant::quantize_matrix(dtype, &vals[0], m, k);
+        bytes.extend(crate::quant::quantize_matrix(dtype, &vals[1], m, k));
+        let pick = usize::from(second);
+        let row_bytes = dtype.row_bytes(k);
+        let ws = crate::quant::dequantize_matrix(dtype, &bytes[pick * m * row_bytes..], m, k)
+            .expect("dequantize");
+        let per_matrix = m * dtype.padded(k);
+        let mut w = b
+            .alloc(dtype, 2 * per_matrix, BufferUsage::Weights)
+            .unwrap_or_else(|e| panic!("{what}: alloc: {e}"));
+        b.upload(StreamId::COMPUTE, &bytes, &mut w, 0)
+            .unwrap_or_else(|e| panic!("{what}: upload: {e}"));
+        let x = rng.vec(n * k, 1.0);
+        let bias_v = rng.vec(m, 1.0);
+        let bias = upload_f32(b, &bias_v);
+        let mut out = upload_f32(b, &vec![0.0; n * m]);
+        let desc = MatmulDesc {
+            w_offset: pick * per_matrix,
+            ..MatmulDesc::new(n, k, m)
+        };
+        b.matmul(&upload_f32(b, &x), &w, Some(&bias), &mut out, &desc)
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
+        let got = download(b, &out);
+        let want = reference::matmul(&x, &ws, Some(&bias_v), n, k, m);
+        let bound = |idx: usize| {
+            let (i, j) = (idx / m, idx % m);
+            let mag: f32 = (0..k)
+                .map(|p| (x[i * k + p] * ws[j * k + p]).abs())
+                .sum::<f32>()
+                + bias_v[j].abs();
+            MATMUL_RTOL * (k as f32).sqrt().max(1.0) * mag
+        };
+        assert_close(&what, &got, &want, bound);
+    }
+    // A weight offset inside a block is refused, not misread.
+    let mut w = b
+        .alloc(dtype, 2 * dtype.padded(64), BufferUsage::Weights)
+        .expect("alloc");
+    let bytes = crate::quant::quantize_matrix(dtype, &rng.vec(128, 1.0), 2, 64);
+    b.upload(StreamId::COMPUTE, &bytes, &mut w, 0)
+        .expect("upload");
+    let mut out = upload_f32(b, &[0.0]);
+    let desc = MatmulDesc {
+        w_offset: 1,
+        ..MatmulDesc::new(1, 64, 1)
+    };
+    assert!(
+        b.matmul(&upload_f32(b, &[0.5; 64]), &w, None, &mut out, &desc)
+            .is_err(),
+        "{dtype}: misaligned weight offset accepted"
+    );
+}
+
 /// `rms_norm` with a weight of `dtype`, both `w` and `1 + w` forms, rows of very different
 /// scales.
 pub fn rms_norm(b: &dyn Backend, dtype: DType) {

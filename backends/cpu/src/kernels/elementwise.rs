@@ -82,6 +82,12 @@ pub fn axpy_row(
 }
 
 fn check_bytes(bytes: &[u8], dtype: DType, len: usize) -> Result<()> {
+    if dtype.is_quantized() {
+        // Block-quantized weights are only read by the matmul kernels, a whole block at a time.
+        return Err(shape_err(format!(
+            "{dtype} values cannot be read one element at a time"
+        )));
+    }
     match len.checked_mul(dtype.size()) {
         Some(b) if b <= bytes.len() => Ok(()),
         _ => Err(shape_err(format!(
@@ -91,9 +97,14 @@ fn check_bytes(bytes: &[u8], dtype: DType, len: usize) -> Result<()> {
     }
 }
 
-/// Portable widening; `bytes` must hold `out.len()` elements (callers check).
+/// Portable widening; `bytes` must hold `out.len()` elements (callers check). A quantized
+/// dtype decodes whole blocks: `out.len()` must then be a multiple of the block.
 pub(crate) fn decode_scalar(bytes: &[u8], dtype: DType, out: &mut [f32]) {
     match dtype {
+        DType::F8E4M3 | DType::Nvfp4 | DType::Mxfp4 => out
+            .chunks_exact_mut(dtype.block_elems())
+            .zip(bytes.chunks_exact(dtype.size()))
+            .for_each(|(o, b)| ft_backend::quant::decode_block(dtype, b, o)),
         DType::F32 => out
             .iter_mut()
             .zip(bytes.chunks_exact(4))

@@ -41,7 +41,11 @@ pub fn matmul_rows(
     if rows.start > rows.end {
         return Err(shape_err(format!("row range {rows:?} is reversed")));
     }
-    let row_bytes = need(k, dtype.size(), "weight row bytes")?;
+    let row_bytes = if dtype.is_quantized() {
+        dtype.row_bytes(k)
+    } else {
+        need(k, dtype.size(), "weight row bytes")?
+    };
     let start = need(rows.start, row_bytes, "weight offset")?;
     let w = w
         .get(start..)
@@ -52,6 +56,9 @@ pub fn matmul_rows(
             "output holds {} values, need {n}×{nrows}",
             out.len()
         )));
+    }
+    if dtype.is_quantized() {
+        return super::quant::block(level, x, k, n, k, w, dtype, nrows, out, nrows);
     }
     block(level, x, k, n, k, w, dtype, k, nrows, out, nrows)
 }
@@ -89,10 +96,12 @@ pub fn matmul(
         return matmul_rows(level, x, n, k, w, dtype, 0..m, out);
     }
     // Validate once here so the per-chunk calls cannot fail half-way through.
-    if w.len() < need(need(m, k, "m·k")?, dtype.size(), "weight bytes")?
-        || x.len() < need(n, k, "n·k")?
-        || out.len() < need(n, m, "n·m")?
-    {
+    let w_bytes = if dtype.is_quantized() {
+        need(m, dtype.row_bytes(k), "weight bytes")?
+    } else {
+        need(need(m, k, "m·k")?, dtype.size(), "weight bytes")?
+    };
+    if w.len() < w_bytes || x.len() < need(n, k, "n·k")? || out.len() < need(n, m, "n·m")? {
         return Err(shape_err(format!(
             "matmul {n}×{k} · {m}×{k}: x has {}, w {} bytes, out {}",
             x.len(),
@@ -156,6 +165,12 @@ pub(crate) fn block(
 ) -> Result<()> {
     if n == 0 || nrows == 0 {
         return Ok(());
+    }
+    if dtype.is_quantized() {
+        // Quantized rows are whole blocks, contiguous; no caller strides over them.
+        return Err(shape_err(format!(
+            "strided {dtype} rows are not supported (matmul reads them whole)"
+        )));
     }
     // Extents of the strided views, in checked arithmetic so absurd strides fail cleanly.
     let x_need = (n - 1).checked_mul(xs).and_then(|v| v.checked_add(k));

@@ -10,6 +10,7 @@
 pub mod attention;
 pub mod elementwise;
 pub mod gemv;
+pub(crate) mod quant;
 pub mod recurrent;
 pub mod rope;
 pub mod select;

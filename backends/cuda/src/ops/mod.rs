@@ -17,6 +17,8 @@ pub(crate) fn by_dtype(dtype: DType, names: [&'static str; 3]) -> &'static str {
         DType::F32 => names[0],
         DType::F16 => names[1],
         DType::BF16 => names[2],
+        // Unreachable: the backend refuses to allocate or import quantized buffers.
+        DType::F8E4M3 | DType::Nvfp4 | DType::Mxfp4 => names[0],
     }
 }
 

@@ -6,6 +6,7 @@
 
 pub(crate) mod avx2;
 pub(crate) mod avx512;
+pub(crate) mod quant;
 
 use ft_backend::DType;
 
@@ -17,12 +18,15 @@ pub(crate) const F16: u8 = 1;
 /// bfloat16.
 pub(crate) const BF16: u8 = 2;
 
-/// The const-generic code of `dtype`.
+/// The const-generic code of a plain `dtype`.
 pub(crate) fn code(dtype: DType) -> u8 {
     match dtype {
         DType::F32 => F32,
         DType::F16 => F16,
         DType::BF16 => BF16,
+        // Callers route the block-quantized types to `kernels::quant` before asking (they
+        // have no per-element code); F32 here would only be reached by a routing bug.
+        DType::F8E4M3 | DType::Nvfp4 | DType::Mxfp4 => F32,
     }
 }
 
