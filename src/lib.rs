@@ -19,6 +19,7 @@ pub mod launch;
 pub mod model;
 pub mod npy;
 pub mod policy;
+pub mod quantize;
 pub mod sampling;
 pub mod server;
 pub mod synth;

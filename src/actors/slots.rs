@@ -20,9 +20,9 @@ pub struct ExpertShape {
 }
 
 impl ExpertShape {
-    /// Bytes of one expert.
+    /// Bytes of one expert (rows of quantized types padded to whole blocks).
     pub fn bytes(&self) -> u64 {
-        (3 * self.inter * self.hidden * self.dtype.size()) as u64
+        (2 * self.inter * self.dtype.row_bytes(self.hidden) + self.hidden * self.dtype.row_bytes(self.inter)) as u64
     }
 }
 
@@ -45,9 +45,9 @@ pub struct SlotPool {
 
 fn alloc_expert(be: &dyn Backend, s: ExpertShape) -> Result<ExpertBuffers, BackendError> {
     Ok(ExpertBuffers {
-        gate: be.alloc(s.dtype, s.inter * s.hidden, BufferUsage::ExpertSlot)?,
-        up: be.alloc(s.dtype, s.inter * s.hidden, BufferUsage::ExpertSlot)?,
-        down: be.alloc(s.dtype, s.inter * s.hidden, BufferUsage::ExpertSlot)?,
+        gate: be.alloc(s.dtype, s.inter * s.dtype.padded(s.hidden), BufferUsage::ExpertSlot)?,
+        up: be.alloc(s.dtype, s.inter * s.dtype.padded(s.hidden), BufferUsage::ExpertSlot)?,
+        down: be.alloc(s.dtype, s.hidden * s.dtype.padded(s.inter), BufferUsage::ExpertSlot)?,
     })
 }
 

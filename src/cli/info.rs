@@ -46,7 +46,7 @@ pub fn run(a: InfoArgs) -> Result<()> {
             "vocab_size": cfg.vocab_size,
             "context": info.context,
             "total_params": st.total_params, "active_params": st.active_params,
-            "bytes_per_expert": st.bytes_per_expert,
+            "bytes_per_expert": st.bytes_per_expert, "expert_format": st.expert_format,
             "non_expert_bytes": st.non_expert_bytes, "expert_bytes": st.expert_bytes,
             "bytes_per_token": st.bytes_per_token,
             "kv_bytes_per_token": st.kv_bytes_per_token,
@@ -78,7 +78,7 @@ pub fn run(a: InfoArgs) -> Result<()> {
     }
     println!("experts          {} per layer, {} per token ({} in all)", cfg.num_experts, cfg.top_k, st.total_experts);
     println!("parameters       {} total, {} active per token", count(st.total_params), count(st.active_params));
-    println!("bytes per expert {}", format_bytes(st.bytes_per_expert));
+    println!("bytes per expert {} ({})", format_bytes(st.bytes_per_expert), st.expert_format);
     println!("weights          {} non-expert (device), {} experts (host pool)", format_bytes(st.non_expert_bytes), format_bytes(st.expert_bytes));
     println!("read per token   {} (decode, batch 1)", format_bytes(st.bytes_per_token));
     println!("KV cache         {} per token; context {}", format_bytes(st.kv_bytes_per_token), info.context);

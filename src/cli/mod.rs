@@ -4,6 +4,7 @@ mod bench;
 mod generate;
 mod info;
 mod launch;
+mod quantize;
 mod replay;
 mod serve;
 mod synth;
@@ -38,6 +39,8 @@ enum Command {
     BenchReplay(replay::ReplayArgs),
     /// Write a checkpoint with random weights of a real model's shape.
     Synth(synth::SynthArgs),
+    /// Write a checkpoint in a publisher's quantized layout (FP8, NVFP4, MXFP4).
+    Quantize(quantize::QuantizeArgs),
     /// Serve the model over OpenAI- and Anthropic-compatible HTTP APIs.
     Serve(serve::ServeArgs),
     /// Run a coding agent (Claude Code, Codex, OpenCode) against the local server.
@@ -138,6 +141,7 @@ pub fn main() -> ExitCode {
         Command::Bench(a) => bench::run(a),
         Command::BenchReplay(a) => replay::run(a),
         Command::Synth(a) => synth::run(a),
+        Command::Quantize(a) => quantize::run(a),
         Command::Serve(a) => serve::run(a),
         Command::Launch(a) => launch::run(a),
     };

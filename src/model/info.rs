@@ -15,8 +15,10 @@ pub struct ModelStats {
     pub active_params: u64,
     /// Parameters of one routed expert.
     pub params_per_expert: u64,
-    /// Bytes of one routed expert in its checkpoint dtype.
+    /// Bytes of one routed expert in its checkpoint dtype (packed, for quantized ones).
     pub bytes_per_expert: u64,
+    /// The routed experts' weight format (`bf16`, `fp8`, `nvfp4`, …).
+    pub expert_format: &'static str,
     /// Bytes of all non-expert weights (device resident).
     pub non_expert_bytes: u64,
     /// Bytes of all routed experts (host pool).
@@ -69,6 +71,7 @@ fn mlp(m: &Mlp) -> (u64, u64) {
 pub fn stats(model: &Model) -> ModelStats {
     let cfg = model.config();
     let mut dense = (model.embed.len() as u64 + model.final_norm.len() as u64, model.embed.size_bytes() as u64 + model.final_norm.size_bytes() as u64);
+    let mut expert_format = "none";
     let add = |acc: &mut (u64, u64), x: (u64, u64)| {
         acc.0 += x.0;
         acc.1 += x.1;
@@ -101,6 +104,7 @@ pub fn stats(model: &Model) -> ModelStats {
                     total_experts += 1;
                     per_expert_params = p;
                     per_expert_bytes = e.size_bytes() as u64;
+                    expert_format = e.gate.dtype.name();
                 }
                 active_expert_params += per_expert_params * cfg.top_k as u64;
                 active_expert_bytes += per_expert_bytes * cfg.top_k as u64;
@@ -117,6 +121,7 @@ pub fn stats(model: &Model) -> ModelStats {
             + active_expert_params,
         params_per_expert: per_expert_params,
         bytes_per_expert: per_expert_bytes,
+        expert_format,
         non_expert_bytes: dense.1,
         expert_bytes,
         total_experts,

@@ -75,7 +75,7 @@ impl Loader<'_> {
             None => (None, None, self.linear(&format!("{p}.q_proj"), q_rows, h, false)?),
         };
         // kv_b_proj rows are, per head, `nope` key rows then `vd` value rows, each `lora` wide.
-        let kv_b = self.tensor(&format!("{p}.kv_b_proj.weight"), &[nh * (nope + vd), lora])?;
+        let kv_b = self.dense(&format!("{p}.kv_b_proj.weight"), nh * (nope + vd), lora)?;
         let es = kv_b.dtype.size();
         let src = kv_b.bytes.as_slice();
         let mut uk_t = vec![0u8; nh * lora * nope * es];

@@ -5,6 +5,7 @@ pub mod forward;
 pub mod generation_config;
 pub mod info;
 mod load;
+pub mod quant;
 mod mixer;
 pub mod rope;
 pub mod routing;
@@ -41,6 +42,9 @@ pub enum ModelError {
     /// A caller passed something impossible (empty input, token id out of range).
     #[error("{0}")]
     Invalid(String),
+    /// A quantized checkpoint the engine cannot read.
+    #[error(transparent)]
+    Quant(#[from] quant::QuantError),
 }
 
 /// A loaded model: config, device weights and the host expert pool.
@@ -66,6 +70,7 @@ impl Model {
         }
         let config = ModelConfig::from_dir(dir)?;
         let files = WeightFiles::open(dir)?;
+        let quant = quant::QuantScheme::from_dir(dir)?;
         let total = files.names().count();
         let mut done = 0usize;
         let mut on_tensor = |_: &str| {
@@ -74,7 +79,7 @@ impl Model {
         };
         let (h, v) = (config.hidden_size, config.vocab_size);
         let prefix = load::weight_prefix(&files);
-        let mut loader = Loader { files: &files, backend: backend.as_ref(), on_tensor: &mut on_tensor };
+        let mut loader = Loader { files: &files, quant: &quant, backend: backend.as_ref(), on_tensor: &mut on_tensor };
         let embed = loader.matrix(&format!("{prefix}embed_tokens.weight"), v, h)?;
         let layers = (0..config.num_layers).map(|i| loader.layer(&config, prefix, i)).collect::<Result<Vec<_>, _>>()?;
         let final_norm = loader.vector(&format!("{prefix}norm.weight"), h)?;

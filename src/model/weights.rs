@@ -14,7 +14,7 @@ use ft_backend::{Backend, BufferUsage, DType, DeviceBuffer, HostBytes, MatmulDes
 /// owned copy where the checkpoint layout had to be converted).
 #[derive(Clone, Debug)]
 pub struct HostMatrix {
-    /// The bytes, `rows * cols * dtype.size()` of them.
+    /// The bytes, `rows * dtype.row_bytes(cols)` of them.
     pub bytes: HostBytes,
     /// Element type.
     pub dtype: DType,
@@ -93,9 +93,9 @@ impl Linear {
     pub fn size_bytes(&self) -> usize {
         self.w.size_bytes() + self.bias.as_ref().map_or(0, |b| b.size_bytes())
     }
-    /// Parameters of weights (and bias).
+    /// Parameters of weights (and bias); padding of quantized rows is not counted.
     pub fn params(&self) -> usize {
-        self.w.len() + self.bias.as_ref().map_or(0, |b| b.len())
+        self.out_dim * self.in_dim + self.bias.as_ref().map_or(0, |b| b.len())
     }
 }
 
@@ -237,6 +237,8 @@ pub struct LayerWeights {
 pub struct Loader<'a> {
     /// The checkpoint.
     pub files: &'a WeightFiles,
+    /// How its linear weights are quantized.
+    pub quant: &'a super::quant::QuantScheme,
     /// Where device buffers are made.
     pub backend: &'a dyn Backend,
     /// Called with each tensor name loaded (progress).
@@ -249,10 +251,43 @@ impl Loader<'_> {
         Ok(self.files.get_shaped(name, shape)?)
     }
 
-    /// A weight matrix as a device buffer in its checkpoint dtype.
+    /// A weight matrix as a device buffer in its checkpoint dtype (quantized ones packed into
+    /// the engine's block layout).
     pub fn matrix(&mut self, name: &str, rows: usize, cols: usize) -> Result<DeviceBuffer, ModelError> {
-        let t = self.tensor(name, &[rows, cols])?;
-        Ok(self.backend.import_host(t.bytes, t.dtype, BufferUsage::Weights)?)
+        let m = self.packed(name, rows, cols)?;
+        if m.dtype.is_quantized() && !self.backend.supports(ft_backend::Op::Matmul, m.dtype) {
+            return Err(ModelError::Invalid(format!(
+                "`{name}` is {} and the {} backend has no {} kernels yet; run with --backend cpu",
+                m.dtype,
+                self.backend.kind(),
+                m.dtype
+            )));
+        }
+        Ok(self.backend.import_host(m.bytes, m.dtype, BufferUsage::Weights)?)
+    }
+
+    /// A `[rows, cols]` weight in a plain dtype, dequantized to f32 if stored quantized (for
+    /// weights the loader rearranges element by element, such as MLA's `kv_b_proj`).
+    pub(super) fn dense(&mut self, name: &str, rows: usize, cols: usize) -> Result<super::quant::PackedMatrix, ModelError> {
+        let m = self.packed(name, rows, cols)?;
+        if !m.dtype.is_quantized() {
+            return Ok(m);
+        }
+        let values = ft_backend::quant::dequantize_matrix(m.dtype, m.bytes.as_slice(), rows, cols)
+            .ok_or_else(|| ModelError::Invalid(format!("`{name}`: packed weights shorter than {rows}×{cols}")))?;
+        Ok(super::quant::PackedMatrix { bytes: HostBytes::from_vec(bytemuck::cast_slice(&values).to_vec()), dtype: DType::F32 })
+    }
+
+    /// A `[rows, cols]` weight named `name`; a quantized `….weight` comes with its scales.
+    fn packed(&mut self, name: &str, rows: usize, cols: usize) -> Result<super::quant::PackedMatrix, ModelError> {
+        (self.on_tensor)(name);
+        match name.strip_suffix(".weight") {
+            Some(base) => super::quant::load_matrix(self.files, self.quant, base, rows, cols),
+            None => {
+                let t = self.files.get_shaped(name, &[rows, cols])?;
+                Ok(super::quant::PackedMatrix { bytes: t.bytes, dtype: t.dtype })
+            }
+        }
     }
 
     /// A small vector (norm weight, bias) converted to f32 on the device.
@@ -285,8 +320,8 @@ impl Loader<'_> {
     }
 
     pub(super) fn host_matrix(&mut self, name: &str, rows: usize, cols: usize) -> Result<HostMatrix, ModelError> {
-        let t = self.tensor(name, &[rows, cols])?;
-        Ok(HostMatrix { bytes: t.bytes, dtype: t.dtype, rows, cols })
+        let m = self.packed(name, rows, cols)?;
+        Ok(HostMatrix { bytes: m.bytes, dtype: m.dtype, rows, cols })
     }
 
     /// A dense SwiGLU MLP with the usual `{gate,up,down}_proj` names.

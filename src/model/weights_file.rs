@@ -31,8 +31,102 @@ pub enum WeightsError {
     #[error("tensor `{name}` has shape {found:?}, expected {expected:?} (from config.json)")]
     Shape { name: String, found: Vec<usize>, expected: Vec<usize> },
     /// A tensor's element type is not one the engine computes with.
-    #[error("tensor `{name}` has dtype {dtype}, which is not supported (supported: F32, F16, BF16)")]
+    #[error("tensor `{name}` has dtype {dtype}, which is not supported (supported: F32, F16, BF16, and F8_E4M3/U8 with the scales of a quantization_config)")]
     DType { name: String, dtype: String },
+}
+
+/// The element type of a tensor as the safetensors header names it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FileDType {
+    /// `F32`, `F16` or `BF16`: computed with as they are.
+    Float(DType),
+    /// `F8_E4M3` (`float8_e4m3fn`): FP8 weights and NVFP4 block scales.
+    F8E4M3,
+    /// `U8`: packed 4-bit values, E8M0 scales.
+    U8,
+    /// `I8`.
+    I8,
+    /// `I32`.
+    I32,
+    /// `I64`.
+    I64,
+}
+
+impl FileDType {
+    /// Parses a safetensors dtype tag; `None` for one the engine never reads.
+    pub fn parse(tag: &str) -> Option<FileDType> {
+        Some(match tag {
+            "F32" => FileDType::Float(DType::F32),
+            "F16" => FileDType::Float(DType::F16),
+            "BF16" => FileDType::Float(DType::BF16),
+            "F8_E4M3" => FileDType::F8E4M3,
+            "U8" => FileDType::U8,
+            "I8" => FileDType::I8,
+            "I32" => FileDType::I32,
+            "I64" => FileDType::I64,
+            _ => return None,
+        })
+    }
+    /// Bytes per element.
+    pub fn size(self) -> usize {
+        match self {
+            FileDType::Float(d) => d.size(),
+            FileDType::F8E4M3 | FileDType::U8 | FileDType::I8 => 1,
+            FileDType::I32 => 4,
+            FileDType::I64 => 8,
+        }
+    }
+    /// The safetensors tag.
+    pub fn tag(self) -> &'static str {
+        match self {
+            FileDType::Float(DType::F16) => "F16",
+            FileDType::Float(DType::BF16) => "BF16",
+            FileDType::Float(_) => "F32",
+            FileDType::F8E4M3 => "F8_E4M3",
+            FileDType::U8 => "U8",
+            FileDType::I8 => "I8",
+            FileDType::I32 => "I32",
+            FileDType::I64 => "I64",
+        }
+    }
+}
+
+impl std::fmt::Display for FileDType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.tag())
+    }
+}
+
+/// A tensor of any element type the engine reads (quantized data and scales included).
+#[derive(Clone, Debug)]
+pub struct RawTensor {
+    /// Checkpoint name.
+    pub name: String,
+    /// Element type as stored.
+    pub dtype: FileDType,
+    /// Shape, outermost first.
+    pub shape: Vec<usize>,
+    /// The tensor's bytes, a view of the mapped file.
+    pub bytes: HostBytes,
+    /// The file it is in.
+    pub file: PathBuf,
+}
+
+impl RawTensor {
+    /// Number of elements.
+    pub fn numel(&self) -> usize {
+        self.shape.iter().product()
+    }
+    /// The values as f32, for float tensors and scales (`F8_E4M3` decoded exactly); `None`
+    /// for integer types.
+    pub fn to_f32(&self) -> Option<Vec<f32>> {
+        let b = self.bytes.as_slice();
+        match self.dtype {
+            FileDType::Float(d) => ft_backend::dtype::to_f32_vec(b, d).ok(),
+            FileDType::F8E4M3 => Some(b.iter().map(|c| ft_backend::quant::e4m3_to_f32(*c)).collect()),
+            _ => None,
+        }
+    }
 }
 
 /// A tensor inside a mapped file.
@@ -62,7 +156,7 @@ impl TensorRef {
 
 struct Entry {
     file: usize,
-    dtype: Result<DType, String>,
+    dtype: Result<FileDType, String>,
     shape: Vec<usize>,
     start: usize,
     end: usize,
@@ -184,12 +278,7 @@ impl WeightFiles {
                     offs.0, offs.1
                 )));
             }
-            let dtype = match dtype_str {
-                "F32" => Ok(DType::F32),
-                "F16" => Ok(DType::F16),
-                "BF16" => Ok(DType::BF16),
-                other => Err(other.to_string()),
-            };
+            let dtype = FileDType::parse(dtype_str).ok_or_else(|| dtype_str.to_string());
             if let Ok(dt) = dtype {
                 let expect = shape.iter().product::<usize>() * dt.size();
                 if expect != offs.1 - offs.0 {
@@ -228,8 +317,17 @@ impl WeightFiles {
         self.maps.iter().map(|m| m.len() as u64).sum()
     }
 
-    /// A tensor by name, of any shape.
+    /// A float (F32/F16/BF16) tensor by name, of any shape.
     pub fn get(&self, name: &str) -> Result<TensorRef, WeightsError> {
+        let t = self.get_raw(name)?;
+        match t.dtype {
+            FileDType::Float(dtype) => Ok(TensorRef { name: t.name, dtype, shape: t.shape, bytes: t.bytes }),
+            other => Err(WeightsError::DType { name: name.into(), dtype: other.tag().into() }),
+        }
+    }
+
+    /// A tensor of any readable element type by name (quantized data, scales).
+    pub fn get_raw(&self, name: &str) -> Result<RawTensor, WeightsError> {
         let e = self
             .entries
             .get(name)
@@ -243,7 +341,17 @@ impl WeightFiles {
         if let Ok(mut used) = self.used.lock() {
             used.insert(name.to_string());
         }
-        Ok(TensorRef { name: name.into(), dtype, shape: e.shape.clone(), bytes })
+        Ok(RawTensor { name: name.into(), dtype, shape: e.shape.clone(), bytes, file: self.files[e.file].clone() })
+    }
+
+    /// The stored element type of a tensor, if it exists and is readable.
+    pub fn file_dtype(&self, name: &str) -> Option<FileDType> {
+        self.entries.get(name).and_then(|e| e.dtype.clone().ok())
+    }
+
+    /// The shape of a tensor, if it exists.
+    pub fn shape(&self, name: &str) -> Option<&[usize]> {
+        self.entries.get(name).map(|e| e.shape.as_slice())
     }
 
     /// A tensor that must have exactly `shape`.

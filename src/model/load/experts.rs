@@ -65,9 +65,7 @@ impl Loader<'_> {
     /// every expert byte once, and the pool is anonymous memory rather than file-backed.
     fn gpt_oss_experts(&mut self, prefix: &str, n: usize, hidden: usize, inter: usize) -> Result<Vec<ExpertWeights>, ModelError> {
         if self.files.contains(&format!("{prefix}.gate_up_proj_blocks")) {
-            return Err(ModelError::Invalid(format!(
-                "{prefix}: MXFP4-quantized experts (`*_blocks`/`*_scales`) are not supported yet; use a BF16 or F32 export of the checkpoint"
-            )));
+            return self.gpt_oss_mxfp4_experts(prefix, n, hidden, inter);
         }
         let gu = self.tensor(&format!("{prefix}.gate_up_proj"), &[n, hidden, 2 * inter])?;
         let down = self.tensor(&format!("{prefix}.down_proj"), &[n, inter, hidden])?;
@@ -116,5 +114,44 @@ impl Loader<'_> {
             }
         };
         Ok((0..n).into_par_iter().map(convert).collect())
+    }
+
+    /// gpt-oss as published: MXFP4 `*_blocks`/`*_scales` in `[out, in]` orientation, gate and
+    /// up interleaved by row. Rows are split and packed into the engine's MXFP4 blocks (every
+    /// code and scale kept as stored).
+    fn gpt_oss_mxfp4_experts(&mut self, prefix: &str, n: usize, hidden: usize, inter: usize) -> Result<Vec<ExpertWeights>, ModelError> {
+        use crate::model::quant::mxfp4_experts;
+        use ft_backend::DType;
+        for name in ["gate_up_proj_blocks", "gate_up_proj_scales", "down_proj_blocks", "down_proj_scales"] {
+            (self.on_tensor)(&format!("{prefix}.{name}"));
+        }
+        let gu = mxfp4_experts(self.files, prefix, "gate_up_proj", n, 2 * inter, hidden)?;
+        let down = mxfp4_experts(self.files, prefix, "down_proj", n, hidden, inter)?;
+        let gu_bias = self.tensor(&format!("{prefix}.gate_up_proj_bias"), &[n, 2 * inter])?.to_f32();
+        let down_bias = self.tensor(&format!("{prefix}.down_proj_bias"), &[n, hidden])?.to_f32();
+        let rb = DType::Mxfp4.row_bytes(hidden);
+        let f32_bytes = |v: &[f32]| HostBytes::from_vec(bytemuck::cast_slice(v).to_vec());
+        let m = |bytes: Vec<u8>, rows, cols| HostMatrix { bytes: HostBytes::from_vec(bytes), dtype: DType::Mxfp4, rows, cols };
+        Ok(gu
+            .into_iter()
+            .zip(down)
+            .enumerate()
+            .map(|(e, (gu_e, down_e))| {
+                let rows = |parity: usize| -> Vec<u8> { gu_e.chunks_exact(rb).skip(parity).step_by(2).flatten().copied().collect() };
+                let b = &gu_bias[e * 2 * inter..(e + 1) * 2 * inter];
+                let gate_b: Vec<f32> = b.iter().step_by(2).copied().collect();
+                let up_b: Vec<f32> = b.iter().skip(1).step_by(2).copied().collect();
+                ExpertWeights {
+                    gate: m(rows(0), inter, hidden),
+                    up: m(rows(1), inter, hidden),
+                    down: m(down_e, hidden, inter),
+                    biases: Some(ExpertBiases {
+                        gate: f32_bytes(&gate_b),
+                        up: f32_bytes(&up_b),
+                        down: f32_bytes(&down_bias[e * hidden..(e + 1) * hidden]),
+                    }),
+                }
+            })
+            .collect())
     }
 }

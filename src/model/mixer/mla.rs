@@ -55,7 +55,8 @@ impl Model {
         let mut k_pe = scratch(be, t * rope)?;
         let bias = w.kv_a.bias.as_ref();
         be.matmul(x, &w.kv_a.w, bias, &mut c, &MatmulDesc::new(t, h, lora))?;
-        let pe_desc = MatmulDesc { w_offset: lora * h, bias_offset: lora, ..MatmulDesc::new(t, h, rope) };
+        // Rows of quantized weights are stored padded to whole blocks.
+        let pe_desc = MatmulDesc { w_offset: lora * w.kv_a.w.dtype().padded(h), bias_offset: lora, ..MatmulDesc::new(t, h, rope) };
         be.matmul(x, &w.kv_a.w, bias, &mut k_pe, &pe_desc)?;
         let mut cn = scratch(be, t * lora)?;
         be.rms_norm(&c, &w.kv_a_norm, &mut cn, &norm(t, lora))?;
