@@ -53,18 +53,21 @@ pub fn f32_to_e4m3(x: f32) -> u8 {
     if a >= E4M3_MAX {
         return sign | 0x7e;
     }
-    // Exact search over the 127 non-negative finite codes: candidates are ordered by value.
-    let mut best = 0u8;
-    let mut best_err = f32::INFINITY;
-    for c in 0u8..0x7f {
-        let err = (e4m3_to_f32(c) - a).abs();
-        // Ties go to the even code (mantissa LSB clear), as IEEE round-to-nearest-even does.
-        if err < best_err || (err == best_err && c & 1 == 0) {
-            best = c;
-            best_err = err;
-        }
+    if a < (-6f32).exp2() {
+        // Subnormals are multiples of 2⁻⁹; codes 0..=8 (8 being the smallest normal, 2⁻⁶).
+        let q = (a * 512.0).round_ties_even() as u8;
+        return sign | q;
     }
-    sign | best
+    // Normal: keep 3 of the 23 mantissa bits, rounding to nearest, ties to even.
+    let bits = a.to_bits();
+    let exp = (bits >> 23) as i32 - 127 + 7;
+    let man = bits & 0x7f_ffff;
+    let keep = man >> 20;
+    let rest = man & 0xf_ffff;
+    let up = rest > 0x8_0000 || (rest == 0x8_0000 && keep & 1 == 1);
+    // A mantissa carry moves to the next binade, which the code arithmetic does by itself.
+    let code = ((exp as u32) << 3) + keep + up as u32;
+    sign | code.min(0x7e) as u8
 }
 
 /// Decodes an E2M1 nibble (low 4 bits of `code`).
@@ -314,6 +317,34 @@ mod tests {
         assert_eq!(e4m3_to_f32(0x7e), 448.0);
         assert_eq!(e4m3_to_f32(0x01), 2f32.powi(-9));
         assert_eq!(e4m3_to_f32(0x08), 2f32.powi(-6));
+    }
+
+    /// The fast encoder against an exhaustive nearest-code search (ties to the even code).
+    #[test]
+    fn e4m3_encoder_matches_nearest_code_search() {
+        let nearest = |a: f32| -> u8 {
+            let mut best = (0u8, f32::INFINITY);
+            for c in 0u8..0x7f {
+                let err = (e4m3_to_f32(c) - a).abs();
+                if err < best.1 || (err == best.1 && c & 1 == 0) {
+                    best = (c, err);
+                }
+            }
+            best.0
+        };
+        let mut x = 1e-4f32;
+        while x < 460.0 {
+            for v in [x, -x] {
+                let want = if v < 0.0 { 0x80 | nearest(-v) } else { nearest(v) };
+                assert_eq!(f32_to_e4m3(v), want, "{v}");
+            }
+            x *= 1.0007;
+        }
+        // Every midpoint between neighbouring codes.
+        for c in 0u8..0x7e {
+            let mid = (e4m3_to_f32(c) + e4m3_to_f32(c + 1)) / 2.0;
+            assert_eq!(f32_to_e4m3(mid), nearest(mid), "midpoint after {c:#04x}");
+        }
     }
 
     #[test]
