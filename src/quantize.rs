@@ -8,7 +8,7 @@
 //! layouts into its packed types ([`ft_backend::DType::F8E4M3`], `Nvfp4`, `Mxfp4`).
 
 use crate::model::weights_file::{FileDType, WeightFiles};
-use ft_backend::quant::{e2m1_to_f32, e4m3_to_f32, e8m0_to_f32, f32_to_e2m1, f32_to_e4m3, mxfp4_scale_code, nvfp4_global_scale, E4M3_MAX};
+use ft_backend::quant::{amax, e2m1_to_f32, e4m3_to_f32, e8m0_to_f32, f32_to_e4m3, fp8_scale, mxfp4_group, nvfp4_global_scale, nvfp4_group};
 use serde_json::{json, Value};
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -112,13 +112,8 @@ fn fp8(name: &str, w: &[f32], rows: usize, cols: usize) -> (Vec<Out>, Vec<f32>) 
     let mut scales = vec![0f32; sr * sc];
     for (i, s) in scales.iter_mut().enumerate() {
         let (br, bc) = (i / sc, i % sc);
-        let mut amax = 0f32;
-        for r in br * B..((br + 1) * B).min(rows) {
-            for c in bc * B..((bc + 1) * B).min(cols) {
-                amax = amax.max(w[r * cols + c].abs());
-            }
-        }
-        *s = if amax > 0.0 { amax / E4M3_MAX } else { 1.0 };
+        let cs = bc * B..((bc + 1) * B).min(cols);
+        *s = fp8_scale((br * B..((br + 1) * B).min(rows)).map(|r| amax(&w[r * cols..][cs.clone()])).fold(0.0, f32::max));
     }
     let codes: Vec<u8> = (0..rows * cols).map(|i| f32_to_e4m3(w[i] / scales[(i / cols / B) * sc + (i % cols) / B])).collect();
     let deq = (0..rows * cols).map(|i| e4m3_to_f32(codes[i]) * scales[(i / cols / B) * sc + (i % cols) / B]).collect();
@@ -128,23 +123,23 @@ fn fp8(name: &str, w: &[f32], rows: usize, cols: usize) -> (Vec<Out>, Vec<f32>) 
 
 /// ModelOpt NVFP4: global `amax/(6·448)`, E4M3 scale per 16, E2M1 pairs low nibble first.
 fn nvfp4(name: &str, w: &[f32], rows: usize, cols: usize) -> (Vec<Out>, Vec<f32>) {
-    let global = nvfp4_global_scale(w.iter().fold(0f32, |m, x| m.max(x.abs())));
+    let global = nvfp4_global_scale(amax(w));
     let groups = cols / 16;
     let mut scales = vec![0u8; rows * groups];
     let mut packed = vec![0u8; rows * cols / 2];
     let mut deq = vec![0f32; rows * cols];
     for r in 0..rows {
         for g in 0..groups {
-            let vals = &w[r * cols + g * 16..][..16];
-            let code = f32_to_e4m3(vals.iter().fold(0f32, |m, x| m.max(x.abs())) / 6.0 / global);
+            let at = r * cols + g * 16;
+            let (code, q) = nvfp4_group(&w[at..at + 16], global);
             scales[r * groups + g] = code;
+            // The twin decodes what was written, with ModelOpt's scale product.
             let s = e4m3_to_f32(code) * global;
             for j in 0..8 {
-                let q = |v: f32| if s > 0.0 { f32_to_e2m1(v / s) } else { 0 };
-                let (lo, hi) = (q(vals[2 * j]), q(vals[2 * j + 1]));
-                packed[(r * cols + g * 16) / 2 + j] = lo | (hi << 4);
-                deq[r * cols + g * 16 + 2 * j] = e2m1_to_f32(lo) * s;
-                deq[r * cols + g * 16 + 2 * j + 1] = e2m1_to_f32(hi) * s;
+                packed[at / 2 + j] = q[2 * j] | (q[2 * j + 1] << 4);
+            }
+            for (d, c) in deq[at..at + 16].iter_mut().zip(q) {
+                *d = e2m1_to_f32(c) * s;
             }
         }
     }
@@ -171,16 +166,15 @@ fn mxfp4(prefix: &str, w: &[f32], e: usize, din: usize, dout: usize) -> (Vec<Out
         for o in 0..dout {
             for b in 0..nb {
                 let at = |i: usize| x * din * dout + (b * 32 + i) * dout + o;
-                let amax = (0..32).fold(0f32, |m, i| m.max(w[at(i)].abs()));
-                let code = mxfp4_scale_code(amax);
-                let s = e8m0_to_f32(code);
+                let vals: Vec<f32> = (0..32).map(|i| w[at(i)]).collect();
+                let (code, q) = mxfp4_group(&vals);
                 let bi = (x * dout + o) * nb + b;
                 scales[bi] = code;
                 for j in 0..16 {
-                    let (lo, hi) = (f32_to_e2m1(w[at(2 * j)] / s), f32_to_e2m1(w[at(2 * j + 1)] / s));
-                    blocks[bi * 16 + j] = lo | (hi << 4);
-                    deq[at(2 * j)] = e2m1_to_f32(lo) * s;
-                    deq[at(2 * j + 1)] = e2m1_to_f32(hi) * s;
+                    blocks[bi * 16 + j] = q[2 * j] | (q[2 * j + 1] << 4);
+                }
+                for (i, c) in q.iter().enumerate() {
+                    deq[at(i)] = e2m1_to_f32(*c) * e8m0_to_f32(code);
                 }
             }
         }

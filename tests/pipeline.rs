@@ -7,26 +7,13 @@
 
 mod common;
 use common::*;
-use ft_actor::device::BackendChoice;
 use ft_actor::engine::{Engine, EngineConfig, EngineHandle, EngineRequest, GenEvent, PrefillMode};
 use ft_actor::policy::MoeMode;
 
 const ARCHS: [&str; 9] = ["qwen3_moe", "qwen3_moe_bf16", "qwen2_moe", "mixtral", "glm4_moe", "deepseek_v3", "gpt_oss", "qwen3_next", "qwen3_5_moe"];
 
 fn config(name: &str, slots: u64, mode: MoeMode) -> EngineConfig {
-    EngineConfig {
-        model: Some(fixture(name).join("checkpoint")),
-        backend: BackendChoice::Cpu,
-        cpu_threads: Some(2),
-        expert_cache_slots: Some(slots),
-        moe_mode: mode,
-        prefill: PrefillMode::Decode,
-        // Equal bandwidths make the hybrid split send half of the misses each way.
-        b_p: Some(1e9),
-        b_h: Some(1e9),
-        cache_dir: Some(std::env::temp_dir().join("ft-actor-test-profiles")),
-        ..Default::default()
-    }
+    pipeline_config(fixture(name).join("checkpoint"), slots, mode)
 }
 
 fn rt() -> tokio::runtime::Runtime {

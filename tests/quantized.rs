@@ -8,8 +8,7 @@
 
 mod common;
 use common::*;
-use ft_actor::device::BackendChoice;
-use ft_actor::engine::{Engine, EngineConfig, EngineRequest, GenEvent, PrefillMode};
+use ft_actor::engine::{Engine, EngineRequest, GenEvent};
 use ft_actor::kv::SequenceState;
 use ft_actor::model::{Logits, Model};
 use ft_actor::policy::MoeMode;
@@ -100,18 +99,7 @@ fn quantized_fixtures_through_the_pipeline_in_every_mode() {
         for slots in [0, all / 2] {
             for mode in [MoeMode::Offload, MoeMode::Cpu, MoeMode::Hybrid] {
                 let what = format!("{name} {format:?} slots={slots} mode={mode}");
-                let config = EngineConfig {
-                    model: Some(q.clone()),
-                    backend: BackendChoice::Cpu,
-                    cpu_threads: Some(2),
-                    expert_cache_slots: Some(slots),
-                    moe_mode: mode,
-                    prefill: PrefillMode::Decode,
-                    b_p: Some(1e9),
-                    b_h: Some(1e9),
-                    cache_dir: Some(std::env::temp_dir().join("ft-actor-test-profiles")),
-                    ..Default::default()
-                };
+                let config = pipeline_config(q.clone(), slots, mode);
                 let got = rt.block_on(async {
                     let engine = Engine::spawn(config, None).await.unwrap_or_else(|e| panic!("{what}: {e}"));
                     let mut req = EngineRequest::greedy(prompt.clone(), 12);

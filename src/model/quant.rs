@@ -13,7 +13,6 @@
 //! tensors of the file, so a mapped view cannot hold both).
 
 use super::weights_file::{FileDType, RawTensor, WeightFiles};
-use ft_backend::quant::e4m3_to_f32;
 use ft_backend::{DType, HostBytes};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
@@ -319,9 +318,4 @@ pub fn mxfp4_experts(files: &WeightFiles, prefix: &str, proj: &str, n: usize, ro
             out
         })
         .collect())
-}
-
-/// Decodes an E4M3 byte slice (NVFP4 scales, FP8 weights) for tools and tests.
-pub fn e4m3_slice(bytes: &[u8]) -> Vec<f32> {
-    bytes.iter().map(|c| e4m3_to_f32(*c)).collect()
 }

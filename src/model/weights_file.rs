@@ -113,10 +113,6 @@ pub struct RawTensor {
 }
 
 impl RawTensor {
-    /// Number of elements.
-    pub fn numel(&self) -> usize {
-        self.shape.iter().product()
-    }
     /// The values as f32, for float tensors and scales (`F8_E4M3` decoded exactly); `None`
     /// for integer types.
     pub fn to_f32(&self) -> Option<Vec<f32>> {
@@ -349,10 +345,6 @@ impl WeightFiles {
         self.entries.get(name).and_then(|e| e.dtype.clone().ok())
     }
 
-    /// The shape of a tensor, if it exists.
-    pub fn shape(&self, name: &str) -> Option<&[usize]> {
-        self.entries.get(name).map(|e| e.shape.as_slice())
-    }
 
     /// A tensor that must have exactly `shape`.
     pub fn get_shaped(&self, name: &str, shape: &[usize]) -> Result<TensorRef, WeightsError> {

@@ -45,6 +45,23 @@ pub fn load(name: &str) -> Model {
     Model::load(&fixture(name).join("checkpoint"), test_backend(), &mut |_, _| {}).unwrap_or_else(|e| panic!("{name}: {e}"))
 }
 
+/// An engine on the CPU backend over `dir` with `slots` expert cache slots in `mode`, decode-path
+/// prefill, and equal measured bandwidths (so the hybrid split sends half of the misses each way).
+pub fn pipeline_config(dir: PathBuf, slots: u64, mode: ft_actor::policy::MoeMode) -> ft_actor::engine::EngineConfig {
+    ft_actor::engine::EngineConfig {
+        model: Some(dir),
+        backend: ft_actor::device::BackendChoice::Cpu,
+        cpu_threads: Some(2),
+        expert_cache_slots: Some(slots),
+        moe_mode: mode,
+        prefill: ft_actor::engine::PrefillMode::Decode,
+        b_p: Some(1e9),
+        b_h: Some(1e9),
+        cache_dir: Some(std::env::temp_dir().join("ft-actor-test-profiles")),
+        ..Default::default()
+    }
+}
+
 /// Largest absolute difference; panics on length mismatch.
 pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len(), "length mismatch");

@@ -52,9 +52,9 @@ impl DeviceBuffer {
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
-    /// Size in bytes (a quantized buffer always holds whole blocks).
+    /// Size in bytes (a quantized buffer holds whole blocks: backends check at creation).
     pub fn size_bytes(&self) -> usize {
-        self.dtype.bytes_for(self.len).unwrap_or(self.len / self.dtype.block_elems() * self.dtype.size())
+        self.len / self.dtype.block_elems() * self.dtype.size()
     }
     /// What the buffer is for.
     pub fn usage(&self) -> BufferUsage {

@@ -95,9 +95,6 @@ impl DType {
 
     /// The plain (one value per element) types.
     pub const ALL: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
-
-    /// The block-quantized weight types.
-    pub const QUANTIZED: [DType; 3] = [DType::F8E4M3, DType::Nvfp4, DType::Mxfp4];
 }
 
 impl std::fmt::Display for DType {
@@ -150,9 +147,7 @@ pub fn from_f32_slice(values: &[f32], dtype: DType) -> Vec<u8> {
         DType::F8E4M3 | DType::Nvfp4 | DType::Mxfp4 => {
             crate::quant::quantize_row(dtype, values, &mut out)
         }
-        DType::F32 => values
-            .iter()
-            .for_each(|v| out.extend_from_slice(&v.to_le_bytes())),
+        DType::F32 => values.iter().for_each(|v| out.extend_from_slice(&v.to_le_bytes())),
         DType::F16 => values
             .iter()
             .for_each(|v| out.extend_from_slice(&f16::from_f32(*v).to_bits().to_le_bytes())),

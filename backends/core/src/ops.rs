@@ -148,12 +148,7 @@ pub struct MatmulDesc {
 impl MatmulDesc {
     /// A plain `[n, k] · [m, k]ᵀ` with no offsets.
     pub fn new(n: usize, k: usize, m: usize) -> Self {
-        Self {
-            n,
-            k,
-            m,
-            ..Default::default()
-        }
+        Self { n, k, m, ..Default::default() }
     }
 }
 

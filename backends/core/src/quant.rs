@@ -167,72 +167,18 @@ pub fn decode_block(dtype: DType, src: &[u8], dst: &mut [f32]) {
     }
 }
 
-/// Quantizes one row of `values` into `dtype` blocks (zero-padded to whole blocks), appending
-/// to `out`. Scales follow the publishers' recipes: FP8 `amax/448` per block; NVFP4 a row-wide
-/// global `amax/(6·448)` and per-16 E4M3 scales `amax₁₆/(6·global)`; MXFP4 the smallest power of
-/// two that keeps `amax₃₂/scale ≤ 6`. Plain dtypes are encoded element by element.
-pub fn quantize_row(dtype: DType, values: &[f32], out: &mut Vec<u8>) {
-    quantize_row_with_global(dtype, values, None, out)
+/// The largest magnitude in `v` (0 for an empty slice).
+pub fn amax(v: &[f32]) -> f32 {
+    v.iter().fold(0f32, |m, x| m.max(x.abs()))
 }
 
-/// [`quantize_row`] with the NVFP4 global scale given (a per-tensor value shared by all rows,
-/// as checkpoints store it); ignored by other dtypes.
-pub fn quantize_row_with_global(
-    dtype: DType,
-    values: &[f32],
-    global: Option<f32>,
-    out: &mut Vec<u8>,
-) {
-    let be = block_elems(dtype);
-    if be == 1 {
-        out.extend_from_slice(&crate::dtype::from_f32_slice(values, dtype));
-        return;
-    }
-    let amax = |v: &[f32]| v.iter().fold(0f32, |m, x| m.max(x.abs()));
-    let row_global = global.unwrap_or_else(|| nvfp4_global_scale(amax(values)));
-    for chunk in values.chunks(be) {
-        let mut block = vec![0f32; be];
-        block[..chunk.len()].copy_from_slice(chunk);
-        match dtype {
-            DType::F8E4M3 => {
-                let a = amax(&block);
-                let scale = if a > 0.0 { a / E4M3_MAX } else { 1.0 };
-                out.extend_from_slice(&scale.to_le_bytes());
-                out.extend(block.iter().map(|v| f32_to_e4m3(v / scale)));
-            }
-            DType::Nvfp4 => {
-                out.extend_from_slice(&row_global.to_le_bytes());
-                let mut scales = [0u8; 16];
-                for (g, s) in scales.iter_mut().enumerate() {
-                    *s = f32_to_e4m3(amax(&block[g * 16..g * 16 + 16]) / 6.0 / row_global);
-                }
-                out.extend_from_slice(&scales);
-                for (g, s) in scales.iter().enumerate() {
-                    let scale = e4m3_to_f32(*s) * row_global;
-                    let q = |v: f32| {
-                        if scale > 0.0 {
-                            f32_to_e2m1(v / scale)
-                        } else {
-                            0
-                        }
-                    };
-                    for j in 0..8 {
-                        out.push(q(block[g * 16 + 2 * j]) | (q(block[g * 16 + 2 * j + 1]) << 4));
-                    }
-                }
-            }
-            DType::Mxfp4 => {
-                let e = mxfp4_scale_code(amax(&block));
-                out.push(e);
-                let scale = e8m0_to_f32(e);
-                for j in 0..16 {
-                    out.push(
-                        f32_to_e2m1(block[j] / scale) | (f32_to_e2m1(block[j + 16] / scale) << 4),
-                    );
-                }
-            }
-            DType::F32 | DType::F16 | DType::BF16 => unreachable!("plain dtypes returned above"),
-        }
+/// The FP8 scale (`weight_scale_inv`) of a block whose largest magnitude is `amax`:
+/// `amax / 448`, 1 for an all-zero block.
+pub fn fp8_scale(amax: f32) -> f32 {
+    if amax > 0.0 {
+        amax / E4M3_MAX
+    } else {
+        1.0
     }
 }
 
@@ -245,6 +191,20 @@ pub fn nvfp4_global_scale(amax: f32) -> f32 {
     }
 }
 
+/// One NVFP4 group of 16 values (fewer are zero-padded) under the tensor's `global` scale:
+/// the E4M3 scale code `amax₁₆/(6·global)` and each value's E2M1 code.
+pub fn nvfp4_group(values: &[f32], global: f32) -> (u8, [u8; 16]) {
+    let code = f32_to_e4m3(amax(values) / 6.0 / global);
+    let scale = e4m3_to_f32(code) * global;
+    let mut q = [0u8; 16];
+    if scale > 0.0 {
+        for (c, v) in q.iter_mut().zip(values) {
+            *c = f32_to_e2m1(v / scale);
+        }
+    }
+    (code, q)
+}
+
 /// The E8M0 code of the smallest power of two `s` with `amax / s ≤ 6` (127, i.e. 1, for 0).
 pub fn mxfp4_scale_code(amax: f32) -> u8 {
     if amax <= 0.0 || !amax.is_finite() {
@@ -254,10 +214,65 @@ pub fn mxfp4_scale_code(amax: f32) -> u8 {
     (e + 127).clamp(0, 254) as u8
 }
 
+/// One MXFP4 block of 32 values (fewer are zero-padded): the E8M0 scale code and each value's
+/// E2M1 code.
+pub fn mxfp4_group(values: &[f32]) -> (u8, [u8; 32]) {
+    let code = mxfp4_scale_code(amax(values));
+    let scale = e8m0_to_f32(code);
+    let mut q = [0u8; 32];
+    for (c, v) in q.iter_mut().zip(values) {
+        *c = f32_to_e2m1(v / scale);
+    }
+    (code, q)
+}
+
+/// Quantizes one row of `values` into `dtype` blocks (zero-padded to whole blocks), appending
+/// to `out`. Scales follow the publishers' recipes: FP8 [`fp8_scale`] per block; NVFP4 a
+/// row-wide [`nvfp4_global_scale`] and [`nvfp4_group`] per 16; MXFP4 [`mxfp4_group`]. Plain
+/// dtypes are encoded element by element.
+pub fn quantize_row(dtype: DType, values: &[f32], out: &mut Vec<u8>) {
+    quantize_row_with_global(dtype, values, nvfp4_global_scale(amax(values)), out)
+}
+
+/// [`quantize_row`] with the NVFP4 global scale given (shared by all rows of a tensor, as
+/// checkpoints store it); other dtypes ignore it.
+fn quantize_row_with_global(dtype: DType, values: &[f32], global: f32, out: &mut Vec<u8>) {
+    let be = block_elems(dtype);
+    if be == 1 {
+        out.extend_from_slice(&crate::dtype::from_f32_slice(values, dtype));
+        return;
+    }
+    for block in values.chunks(be) {
+        match dtype {
+            DType::F8E4M3 => {
+                let scale = fp8_scale(amax(block));
+                out.extend_from_slice(&scale.to_le_bytes());
+                out.extend(block.iter().map(|v| f32_to_e4m3(v / scale)));
+                out.resize(out.len() + be - block.len(), 0);
+            }
+            DType::Nvfp4 => {
+                out.extend_from_slice(&global.to_le_bytes());
+                let groups: Vec<(u8, [u8; 16])> = (0..16)
+                    .map(|g| nvfp4_group(block.get(g * 16..).map_or(&[][..], |b| &b[..b.len().min(16)]), global))
+                    .collect();
+                out.extend(groups.iter().map(|(s, _)| *s));
+                for (_, q) in &groups {
+                    out.extend((0..8).map(|j| q[2 * j] | (q[2 * j + 1] << 4)));
+                }
+            }
+            DType::Mxfp4 => {
+                let (e, q) = mxfp4_group(block);
+                out.push(e);
+                out.extend((0..16).map(|j| q[j] | (q[j + 16] << 4)));
+            }
+            DType::F32 | DType::F16 | DType::BF16 => unreachable!("plain dtypes returned above"),
+        }
+    }
+}
+
 /// Quantizes a `[rows, cols]` f32 matrix into `dtype` rows (each padded to whole blocks).
 pub fn quantize_matrix(dtype: DType, values: &[f32], rows: usize, cols: usize) -> Vec<u8> {
-    let global = (dtype == DType::Nvfp4)
-        .then(|| nvfp4_global_scale(values.iter().fold(0f32, |m, x| m.max(x.abs()))));
+    let global = nvfp4_global_scale(amax(values));
     let mut out = Vec::with_capacity(rows * dtype.row_bytes(cols));
     for r in 0..rows {
         quantize_row_with_global(dtype, &values[r * cols..(r + 1) * cols], global, &mut out);

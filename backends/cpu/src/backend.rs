@@ -225,31 +225,22 @@ impl Backend for CpuBackend {
     ) -> Result<()> {
         let MatmulDesc { n, k, m, .. } = *desc;
         let xs = f32s(x, desc.x_offset, need(n, k, "x")?, "matmul x")?;
-        let wb = if w.dtype().is_quantized() {
-            // Rows are whole blocks: offsets and lengths count blocks of the padded rows.
-            let dt = w.dtype();
-            if !desc.w_offset.is_multiple_of(dt.block_elems()) {
-                return Err(BackendError::Shape(format!(
-                    "{dt} weight offset {} is not on a block boundary",
-                    desc.w_offset
-                )));
-            }
-            range(
-                bytes(w, "matmul w")?,
-                desc.w_offset / dt.block_elems(),
-                need(m, dt.padded(k) / dt.block_elems(), "w")?,
-                dt.size(),
-                "matmul w",
-            )?
-        } else {
-            range(
-                bytes(w, "matmul w")?,
-                desc.w_offset,
-                need(m, k, "w")?,
-                w.dtype().size(),
-                "matmul w",
-            )?
-        };
+        // Weights are rows of whole blocks (a block is one element of a plain dtype): the
+        // offset and the length count blocks.
+        let (dt, be) = (w.dtype(), w.dtype().block_elems());
+        if !desc.w_offset.is_multiple_of(be) {
+            return Err(BackendError::Shape(format!(
+                "{dt} weight offset {} is not on a block boundary",
+                desc.w_offset
+            )));
+        }
+        let wb = range(
+            bytes(w, "matmul w")?,
+            desc.w_offset / be,
+            need(m, k.div_ceil(be), "w")?,
+            dt.size(),
+            "matmul w",
+        )?;
         let bias = bias
             .map(|b| f32s(b, desc.bias_offset, m, "matmul bias"))
             .transpose()?;

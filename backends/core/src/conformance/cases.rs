@@ -95,15 +95,7 @@ fn check_matmul(
     let (xs, ws) = (&x[off.x..][..n * k], &wv[off.w..][..m * k]);
     let bs = with_bias.then(|| &bias_v[off.bias..][..m]);
     let want = reference::matmul(xs, ws, bs, n, k, m);
-    let bound = |idx: usize| {
-        let (i, j) = (idx / m, idx % m);
-        let mag: f32 = (0..k)
-            .map(|p| (xs[i * k + p] * ws[j * k + p]).abs())
-            .sum::<f32>()
-            + bs.map_or(0.0, |b| b[j].abs());
-        MATMUL_RTOL * (k as f32).sqrt().max(1.0) * mag
-    };
-    assert_close(&what, &got[off.out..][..n * m], &want, bound);
+    assert_close(&what, &got[off.out..][..n * m], &want, matmul_bound(xs, ws, bs, k, m));
     assert!(
         got[..off.out]
             .iter()
@@ -111,6 +103,16 @@ fn check_matmul(
             .all(|v| *v == SENTINEL),
         "{what}: wrote outside its output"
     );
+}
+
+/// The matmul tolerance at output `idx` of an `[n, m]` result: [`MATMUL_RTOL`] × √k × the sum
+/// of the magnitudes of the products (plus the bias).
+fn matmul_bound<'a>(x: &'a [f32], w: &'a [f32], bias: Option<&'a [f32]>, k: usize, m: usize) -> impl Fn(usize) -> f32 + 'a {
+    move |idx| {
+        let (i, j) = (idx / m, idx % m);
+        let mag: f32 = (0..k).map(|p| (x[i * k + p] * w[j * k + p]).abs()).sum::<f32>() + bias.map_or(0.0, |b| b[j].abs());
+        MATMUL_RTOL * (k as f32).sqrt().max(1.0) * mag
+    }
 }
 
 /// `matmul` with block-quantized weights of `dtype` against the f32 product of the
@@ -168,15 +170,7 @@ pub fn matmul_quant(b: &dyn Backend, dtype: DType) {
             .unwrap_or_else(|e| panic!("{what}: {e}"));
         let got = download(b, &out);
         let want = reference::matmul(&x, &ws, Some(&bias_v), n, k, m);
-        let bound = |idx: usize| {
-            let (i, j) = (idx / m, idx % m);
-            let mag: f32 = (0..k)
-                .map(|p| (x[i * k + p] * ws[j * k + p]).abs())
-                .sum::<f32>()
-                + bias_v[j].abs();
-            MATMUL_RTOL * (k as f32).sqrt().max(1.0) * mag
-        };
-        assert_close(&what, &got, &want, bound);
+        assert_close(&what, &got, &want, matmul_bound(&x, &ws, Some(&bias_v), k, m));
     }
     // A weight offset inside a block is refused, not misread.
     let mut w = b

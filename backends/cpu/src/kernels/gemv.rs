@@ -41,11 +41,8 @@ pub fn matmul_rows(
     if rows.start > rows.end {
         return Err(shape_err(format!("row range {rows:?} is reversed")));
     }
-    let row_bytes = if dtype.is_quantized() {
-        dtype.row_bytes(k)
-    } else {
-        need(k, dtype.size(), "weight row bytes")?
-    };
+    // Whole blocks per row (a block is one element of a plain dtype).
+    let row_bytes = need(k.div_ceil(dtype.block_elems()), dtype.size(), "weight row bytes")?;
     let start = need(rows.start, row_bytes, "weight offset")?;
     let w = w
         .get(start..)
@@ -96,12 +93,8 @@ pub fn matmul(
         return matmul_rows(level, x, n, k, w, dtype, 0..m, out);
     }
     // Validate once here so the per-chunk calls cannot fail half-way through.
-    let w_bytes = if dtype.is_quantized() {
-        need(m, dtype.row_bytes(k), "weight bytes")?
-    } else {
-        need(need(m, k, "m·k")?, dtype.size(), "weight bytes")?
-    };
-    if w.len() < w_bytes || x.len() < need(n, k, "n·k")? || out.len() < need(n, m, "n·m")? {
+    let row_bytes = need(k.div_ceil(dtype.block_elems()), dtype.size(), "weight row bytes")?;
+    if w.len() < need(m, row_bytes, "weight bytes")? || x.len() < need(n, k, "n·k")? || out.len() < need(n, m, "n·m")? {
         return Err(shape_err(format!(
             "matmul {n}×{k} · {m}×{k}: x has {}, w {} bytes, out {}",
             x.len(),
