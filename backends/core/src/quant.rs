@@ -25,21 +25,43 @@ pub const E2M1_VALUES: [f32; 8] = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0];
 /// The largest finite E4M3 (`float8_e4m3fn`) magnitude.
 pub const E4M3_MAX: f32 = 448.0;
 
+/// The value of an E4M3 code, built from bits (no `exp2` call: kernels decode a scale per 16
+/// values, so this sits on the decode path).
+const fn e4m3_value(code: u8) -> f32 {
+    let exp = ((code >> 3) & 0x0f) as u32;
+    let man = (code & 0x07) as u32;
+    let mag = if exp == 15 && man == 7 {
+        f32::NAN
+    } else if exp == 0 {
+        // Subnormal: man · 2⁻⁹, exact in f32.
+        man as f32 * f32::from_bits((127 - 9) << 23)
+    } else {
+        f32::from_bits(((exp + 127 - 7) << 23) | (man << 20))
+    };
+    if code & 0x80 != 0 {
+        -mag
+    } else {
+        mag
+    }
+}
+
+const fn e4m3_table() -> [f32; 256] {
+    let mut t = [0f32; 256];
+    let mut c = 0;
+    while c < 256 {
+        t[c] = e4m3_value(c as u8);
+        c += 1;
+    }
+    t
+}
+
+/// Every E4M3 code's value.
+static E4M3_TABLE: [f32; 256] = e4m3_table();
+
 /// Decodes an E4M3 (`float8_e4m3fn`: bias 7, no infinities, `S.1111.111` is NaN) code.
 #[inline]
 pub fn e4m3_to_f32(code: u8) -> f32 {
-    let sign = if code & 0x80 != 0 { -1.0 } else { 1.0 };
-    let exp = ((code >> 3) & 0x0f) as i32;
-    let man = (code & 0x07) as f32;
-    if exp == 15 && code & 0x07 == 7 {
-        return f32::NAN;
-    }
-    let mag = if exp == 0 {
-        man / 8.0 * (-6f32).exp2()
-    } else {
-        (1.0 + man / 8.0) * ((exp - 7) as f32).exp2()
-    };
-    sign * mag
+    E4M3_TABLE[code as usize]
 }
 
 /// Encodes `x` as E4M3, rounding to nearest (ties to even) and saturating at ±448; NaN stays
@@ -103,13 +125,14 @@ pub fn f32_to_e2m1(x: f32) -> u8 {
     }
 }
 
-/// Decodes an E8M0 scale: `2^(code − 127)`; 255 is NaN.
+/// Decodes an E8M0 scale: `2^(code − 127)`; 255 is NaN. Built from bits (code 0 is the
+/// subnormal 2⁻¹²⁷).
 #[inline]
 pub fn e8m0_to_f32(code: u8) -> f32 {
-    if code == 255 {
-        f32::NAN
-    } else {
-        ((code as i32 - 127) as f32).exp2()
+    match code {
+        255 => f32::NAN,
+        0 => f32::from_bits(0x0040_0000),
+        c => f32::from_bits((c as u32) << 23),
     }
 }
 
