@@ -32,13 +32,27 @@ pub struct DeviceBuffer {
     storage: Box<dyn BufferStorage>,
     dtype: DType,
     len: usize,
+    /// Bytes the storage was created with.
+    capacity: usize,
     usage: BufferUsage,
 }
 
 impl DeviceBuffer {
     /// Wraps backend storage; called by backends only.
     pub fn new(storage: Box<dyn BufferStorage>, dtype: DType, len: usize, usage: BufferUsage) -> Self {
-        Self { storage, dtype, len, usage }
+        let capacity = len / dtype.block_elems() * dtype.size();
+        Self { storage, dtype, len, usage, capacity }
+    }
+    /// Reinterprets the buffer as `len` values of `dtype`, which must fit the bytes it was
+    /// created with: an expert cache slot holds, in turn, experts of layers stored in
+    /// different block types (a GGUF Q4_K_M keeps some layers' `ffn_down` in Q6_K).
+    pub fn retype(&mut self, dtype: DType, len: usize) -> crate::error::Result<()> {
+        if dtype.bytes_for(len).is_none_or(|b| b > self.capacity) {
+            return Err(crate::error::BackendError::Shape(format!("{len} values of {dtype} do not fit a buffer of {} bytes", self.capacity)));
+        }
+        self.dtype = dtype;
+        self.len = len;
+        Ok(())
     }
     /// Element type.
     pub fn dtype(&self) -> DType {

@@ -122,6 +122,11 @@ macro_rules! conformance_suite {
         $crate::__conformance_test!(matmul_fp8, $make, matmul_quant, $crate::DType::F8E4M3);
         $crate::__conformance_test!(matmul_nvfp4, $make, matmul_quant, $crate::DType::Nvfp4);
         $crate::__conformance_test!(matmul_mxfp4, $make, matmul_quant, $crate::DType::Mxfp4);
+        $crate::__conformance_test!(matmul_q8_0, $make, matmul_quant, $crate::DType::Q8_0);
+        $crate::__conformance_test!(matmul_q4_0, $make, matmul_quant, $crate::DType::Q4_0);
+        $crate::__conformance_test!(matmul_q4_k, $make, matmul_quant, $crate::DType::Q4K);
+        $crate::__conformance_test!(matmul_q5_k, $make, matmul_quant, $crate::DType::Q5K);
+        $crate::__conformance_test!(matmul_q6_k, $make, matmul_quant, $crate::DType::Q6K);
         $crate::__conformance_test!(rms_norm_f32, $make, rms_norm, $crate::DType::F32);
         $crate::__conformance_test!(rms_norm_bf16, $make, rms_norm, $crate::DType::BF16);
         $crate::__conformance_test!(rms_norm_f16, $make, rms_norm, $crate::DType::F16);

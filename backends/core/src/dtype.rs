@@ -22,6 +22,18 @@ pub enum DType {
     Nvfp4,
     /// MXFP4: E2M1 values with an E8M0 scale per 32 (gpt-oss; GGUF's MXFP4 block).
     Mxfp4,
+    /// GGML's Q8_0: 32 signed 8-bit values with an f16 scale (34 bytes, GGUF's block).
+    Q8_0,
+    /// GGML's Q4_0: 32 4-bit values offset by 8 with an f16 scale (18 bytes, GGUF's block).
+    Q4_0,
+    /// GGML's Q4_K: 256 4-bit values, 6-bit scale and min per 32, f16 super-block scales
+    /// (144 bytes, GGUF's block).
+    Q4K,
+    /// GGML's Q5_K: Q4_K with a fifth bit per value (176 bytes, GGUF's block).
+    Q5K,
+    /// GGML's Q6_K: 256 6-bit values offset by 32, an i8 scale per 16 and an f16 super-block
+    /// scale (210 bytes, GGUF's block).
+    Q6K,
 }
 
 impl DType {
@@ -76,11 +88,16 @@ impl DType {
             DType::F8E4M3 => "fp8",
             DType::Nvfp4 => "nvfp4",
             DType::Mxfp4 => "mxfp4",
+            DType::Q8_0 => "q8_0",
+            DType::Q4_0 => "q4_0",
+            DType::Q4K => "q4_k",
+            DType::Q5K => "q5_k",
+            DType::Q6K => "q6_k",
         }
     }
 
     /// Parses `f32`, `f16`/`fp16`/`float16`, `bf16`/`bfloat16`, `fp8`/`f8e4m3`, `nvfp4`,
-    /// `mxfp4`.
+    /// `mxfp4`, and GGML's `q8_0`, `q4_0`, `q4_k`, `q5_k`, `q6_k` (any case; `q4k` etc. too).
     pub fn parse(s: &str) -> Option<DType> {
         match s.to_ascii_lowercase().as_str() {
             "f32" | "fp32" | "float32" => Some(DType::F32),
@@ -89,17 +106,43 @@ impl DType {
             "fp8" | "f8e4m3" | "f8_e4m3" | "e4m3" => Some(DType::F8E4M3),
             "nvfp4" => Some(DType::Nvfp4),
             "mxfp4" => Some(DType::Mxfp4),
+            "q8_0" => Some(DType::Q8_0),
+            "q4_0" => Some(DType::Q4_0),
+            "q4_k" | "q4k" => Some(DType::Q4K),
+            "q5_k" | "q5k" => Some(DType::Q5K),
+            "q6_k" | "q6k" => Some(DType::Q6K),
             _ => None,
         }
     }
 
     /// The plain (one value per element) types.
     pub const ALL: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
+
+    /// The block-quantized (weight-only) types.
+    pub const QUANTIZED: [DType; 8] = [
+        DType::F8E4M3,
+        DType::Nvfp4,
+        DType::Mxfp4,
+        DType::Q8_0,
+        DType::Q4_0,
+        DType::Q4K,
+        DType::Q5K,
+        DType::Q6K,
+    ];
 }
 
 impl std::fmt::Display for DType {
+    /// The [`DType::name`], except GGML's block types, which print as GGUF spells them
+    /// (`Q8_0`, `Q4_0`, `Q4_K`, `Q5_K`, `Q6_K`).
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.name())
+        f.write_str(match self {
+            DType::Q8_0 => "Q8_0",
+            DType::Q4_0 => "Q4_0",
+            DType::Q4K => "Q4_K",
+            DType::Q5K => "Q5_K",
+            DType::Q6K => "Q6_K",
+            d => d.name(),
+        })
     }
 }
 
@@ -113,7 +156,14 @@ pub fn to_f32_vec(bytes: &[u8], dtype: DType) -> Result<Vec<f32>> {
         )));
     }
     Ok(match dtype {
-        DType::F8E4M3 | DType::Nvfp4 | DType::Mxfp4 => {
+        DType::F8E4M3
+        | DType::Nvfp4
+        | DType::Mxfp4
+        | DType::Q8_0
+        | DType::Q4_0
+        | DType::Q4K
+        | DType::Q5K
+        | DType::Q6K => {
             let be = dtype.block_elems();
             let mut out = vec![0f32; bytes.len() / dtype.size() * be];
             for (src, dst) in bytes
@@ -144,7 +194,14 @@ pub fn to_f32_vec(bytes: &[u8], dtype: DType) -> Result<Vec<f32>> {
 pub fn from_f32_slice(values: &[f32], dtype: DType) -> Vec<u8> {
     let mut out = Vec::with_capacity(values.len() * dtype.size());
     match dtype {
-        DType::F8E4M3 | DType::Nvfp4 | DType::Mxfp4 => {
+        DType::F8E4M3
+        | DType::Nvfp4
+        | DType::Mxfp4
+        | DType::Q8_0
+        | DType::Q4_0
+        | DType::Q4K
+        | DType::Q5K
+        | DType::Q6K => {
             crate::quant::quantize_row(dtype, values, &mut out)
         }
         DType::F32 => values.iter().for_each(|v| out.extend_from_slice(&v.to_le_bytes())),

@@ -3,7 +3,7 @@
 
 use crate::device::{poisoned, CudaBackend, COPY_STREAM};
 use crate::error::driver;
-use crate::memory::{copy_registered, expect, free_all, ptr_at, storage, CudaStorage, HostMemoryMode, STAGING_BYTES};
+use crate::memory::{byte_range, copy_registered, expect, free_all, storage, CudaStorage, HostMemoryMode, STAGING_BYTES};
 use crate::ops;
 use cudarc::driver::{result, sys, DriverError};
 use ft_backend::{
@@ -25,15 +25,15 @@ impl CudaBackend {
     /// Uninitialised device memory: scratch from the pool, anything else fresh. When the
     /// driver runs out, the pool's cached memory is released and the allocation tried again.
     fn alloc_raw(&self, dtype: DType, len: usize, usage: BufferUsage) -> Result<DeviceBuffer> {
-        if dtype.is_quantized() {
-            // No kernel reads the block-quantized types here yet; refusing their buffers keeps
-            // them away from the f32/f16/bf16 kernels (`supports` says the same).
-            return Err(BackendError::Unsupported { backend: "cuda".into(), op: ft_backend::Op::Matmul, dtype });
+        if dtype.is_quantized() && !self.quant_matmul {
+            // Only the opt-in quantized matmul reads block types (see `ops::quant`); without
+            // it their buffers are refused, as `supports` says.
+            return Err(ops::quant::not_enabled(dtype));
         }
-        let size = len
-            .checked_mul(dtype.size())
+        let size = dtype
+            .bytes_for(len)
             .filter(|s| *s <= isize::MAX as usize)
-            .ok_or_else(|| BackendError::Shape(format!("allocation of {len} {dtype} values overflows")))?;
+            .ok_or_else(|| BackendError::Shape(format!("allocation of {len} {dtype} values: not whole blocks, or overflows")))?;
         let try_alloc = || {
             if usage == BufferUsage::Scratch && size > 0 {
                 CudaStorage::scratch(&self.ctx, &self.pool, size)
@@ -92,7 +92,13 @@ impl Backend for CudaBackend {
     }
 
     fn supports(&self, op: Op, dtype: DType) -> bool {
-        // Every op in the plain dtypes; no kernels for the block-quantized weight types yet.
+        // Every op in the plain dtypes. Matmul with the block-quantized weight types has
+        // kernels (kernels/matmul_quant.cu, a port of the wgpu backend's lavapipe-tested
+        // WGSL), but they have only been compiled, never run on a GPU, so they are not
+        // claimed unless FT_CUDA_QUANT=1 opts in (scripts/gpu-check.sh does, to test them).
+        if dtype.is_quantized() && self.quant_matmul {
+            return op == Op::Matmul;
+        }
         op.supported_unquantized(dtype)
     }
 
@@ -123,10 +129,10 @@ impl Backend for CudaBackend {
     }
 
     fn import_host(&self, data: HostBytes, dtype: DType, usage: BufferUsage) -> Result<DeviceBuffer> {
-        if !data.len().is_multiple_of(dtype.size()) {
+        let Some(len) = dtype.elems_in(data.len()) else {
             return Err(BackendError::Shape(format!("{} bytes are not whole {dtype} values", data.len())));
-        }
-        let buf = self.alloc_raw(dtype, data.len() / dtype.size(), usage)?;
+        };
+        let buf = self.alloc_raw(dtype, len, usage)?;
         let dst = storage(&buf, "import")?.ptr;
         if data.is_empty() {
             return Ok(buf);
@@ -182,14 +188,15 @@ impl Backend for CudaBackend {
     fn copy(&self, stream: StreamId, src: &DeviceBuffer, dst: &mut DeviceBuffer, desc: &CopyDesc) -> Result<()> {
         let st = self.stream(stream)?;
         expect(dst, src.dtype(), "copy destination")?;
-        let from = ptr_at(src, desc.src_offset, desc.len, "copy source")?;
-        let to = ptr_at(dst, desc.dst_offset, desc.len, "copy destination")?;
+        // Block types copy whole blocks, as bytes.
+        let (from, bytes) = byte_range(src, desc.src_offset, desc.len, "copy source")?;
+        let (to, _) = byte_range(dst, desc.dst_offset, desc.len, "copy destination")?;
         if desc.len == 0 {
             return Ok(());
         }
         self.bind()?;
         // SAFETY: both ranges checked above.
-        unsafe { result::memcpy_dtod_async(to, from, desc.len * src.dtype().size(), st.cu_stream()) }
+        unsafe { result::memcpy_dtod_async(to, from, bytes, st.cu_stream()) }
             .map_err(|e| driver(e, "device copy"))
     }
 

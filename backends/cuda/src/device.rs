@@ -57,6 +57,9 @@ pub struct CudaBackend {
     pub(crate) sm_count: u32,
     /// Freed scratch allocations kept for reuse.
     pub(crate) pool: Arc<crate::pool::ScratchPool>,
+    /// The untested block-quantized matmul kernels are enabled (`FT_CUDA_QUANT=1`; see
+    /// [`crate::ops::quant`]).
+    pub(crate) quant_matmul: bool,
 }
 
 impl CudaBackend {
@@ -110,6 +113,7 @@ impl CudaBackend {
             host_mode,
             sm_count,
             pool,
+            quant_matmul: crate::ops::quant::quant_from_env(),
             ctx,
         })
     }
@@ -127,6 +131,9 @@ impl CudaBackend {
     /// Compiles (or loads from the disk cache) every kernel file now instead of on first use.
     pub fn warm_up(&self) -> Result<()> {
         for (file, _) in crate::ops::KERNELS {
+            if *file == "matmul_quant" && !self.quant_matmul {
+                continue;
+            }
             self.module(file)?;
         }
         Ok(())

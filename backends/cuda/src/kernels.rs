@@ -29,7 +29,7 @@ macro_rules! kernel_files {
     };
 }
 
-kernel_files!("matmul", "norm", "rope", "attention", "elementwise", "softmax_topk", "gather_scatter", "recurrent");
+kernel_files!("matmul", "matmul_quant", "norm", "rope", "attention", "elementwise", "softmax_topk", "gather_scatter", "recurrent");
 
 /// The kernel file named `name`, if there is one.
 pub fn file(name: &str) -> Option<&'static KernelFile> {

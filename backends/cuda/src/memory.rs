@@ -91,6 +91,11 @@ pub(crate) fn storage<'a>(buf: &'a DeviceBuffer, what: &str) -> Result<&'a CudaS
 /// Device address of elements `offset .. offset + len` of `buf`, after checking the range.
 pub(crate) fn ptr_at(buf: &DeviceBuffer, offset: usize, len: usize, what: &str) -> Result<u64> {
     let s = storage(buf, what)?;
+    if buf.dtype().is_quantized() {
+        // Only the quantized matmul reads block types (it addresses their bytes itself); an
+        // element pointer would misplace them, and no other kernel can decode them.
+        return Err(BackendError::Invalid(format!("{what}: {} data is read by matmul only", buf.dtype())));
+    }
     let es = buf.dtype().size();
     let end = offset.checked_add(len).filter(|e| *e <= buf.len());
     match end {
@@ -100,6 +105,20 @@ pub(crate) fn ptr_at(buf: &DeviceBuffer, offset: usize, len: usize, what: &str) 
             buf.len()
         ))),
     }
+}
+
+/// Device address and byte count of values `offset .. offset + len` of `buf`, any dtype: for
+/// a block type both must fall on block boundaries (copies move whole blocks).
+pub(crate) fn byte_range(buf: &DeviceBuffer, offset: usize, len: usize, what: &str) -> Result<(u64, usize)> {
+    let s = storage(buf, what)?;
+    let (dt, be) = (buf.dtype(), buf.dtype().block_elems());
+    if !offset.is_multiple_of(be) || !len.is_multiple_of(be) {
+        return Err(BackendError::Shape(format!("{what}: {dt} values {offset}..+{len} are not whole blocks of {be}")));
+    }
+    if offset.checked_add(len).is_none_or(|e| e > buf.len()) {
+        return Err(BackendError::Shape(format!("{what}: elements {offset}..{offset}+{len} of a buffer of {}", buf.len())));
+    }
+    Ok((s.ptr + (offset / be * dt.size()) as u64, len / be * dt.size()))
 }
 
 /// Like [`ptr_at`] for an f32 activation buffer.

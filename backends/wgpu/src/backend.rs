@@ -47,8 +47,9 @@ impl Backend for WgpuBackend {
     }
 
     fn supports(&self, op: Op, dtype: DType) -> bool {
-        // Every op in the plain dtypes; no kernels for the block-quantized weight types yet: the engine must not send them here.
-        op.supported_unquantized(dtype)
+        // Every op in the plain dtypes, and matmul with every block-quantized weight type
+        // (matmul_quant.wgsl, checked by the conformance suite on lavapipe).
+        op.fully_supported(dtype)
     }
 
     fn as_any(&self) -> &dyn Any {

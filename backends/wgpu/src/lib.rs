@@ -5,7 +5,8 @@
 //! Kernels are WGSL compute shaders in `shaders/*.wgsl`, embedded with `include_str!` and
 //! compiled on first use. Narrow weights (bf16/f16) stay packed two to a `u32` word and are
 //! decoded with bit operations, so no optional adapter feature is required. Every op of the
-//! trait is implemented, the recurrent (Gated DeltaNet) ones included.
+//! trait is implemented, the recurrent (Gated DeltaNet) ones included, and matmul takes every
+//! block-quantized weight type (decoded in the shader from raw bytes; see `src/quant.rs`).
 //!
 //! wgpu exposes one queue per device. Streams are therefore ids over that queue: all work
 //! runs in submission order, which is at least as strong as any cross-stream ordering the
@@ -18,6 +19,7 @@ mod elementwise;
 mod memory;
 mod ops;
 mod pipelines;
+mod quant;
 mod recurrent;
 
 use ft_backend::{Backend, BackendError};

@@ -103,6 +103,14 @@ impl WgpuBackend {
         count: usize,
         what: &str,
     ) -> Result<Window<'a>> {
+        if buf.dtype().is_quantized() {
+            // Only matmul reads block types, through `byte_window`; element windows would
+            // misplace them (an element here is a value, not `dtype.size()` bytes).
+            return Err(BackendError::Invalid(format!(
+                "{what}: {} data is read by matmul only",
+                buf.dtype()
+            )));
+        }
         check_range(buf, first, count, what)?;
         let b = wbuf(buf, what)?;
         let max_bind = self.max_binding;
@@ -191,16 +199,13 @@ impl WgpuBackend {
         len: usize,
         usage: BufferUsage,
     ) -> Result<DeviceBuffer> {
-        if dtype.is_quantized() {
-            // No shader reads the block-quantized types yet; refusing their buffers keeps them
-            // away from the f32/f16/bf16 shaders (`supports` says the same).
-            return Err(BackendError::Unsupported {
-                backend: "wgpu".into(),
-                op: ft_backend::Op::Matmul,
-                dtype,
-            });
-        }
-        let bytes = need(len, dtype.size(), "allocation")?;
+        // A block-quantized buffer holds whole blocks (`len` counts their values).
+        let bytes = dtype.bytes_for(len).ok_or_else(|| {
+            BackendError::Shape(format!(
+                "allocation of {len} {dtype} values: not whole blocks of {}, or overflows",
+                dtype.block_elems()
+            ))
+        })?;
         // wgpu zero-initialises new buffers.
         let buffer = self.create(bytes, None)?;
         Ok(self.wrap(buffer, dtype, len, usage))
@@ -212,22 +217,12 @@ impl WgpuBackend {
         dtype: DType,
         usage: BufferUsage,
     ) -> Result<DeviceBuffer> {
-        if dtype.is_quantized() {
-            return Err(BackendError::Unsupported {
-                backend: "wgpu".into(),
-                op: ft_backend::Op::Matmul,
-                dtype,
-            });
-        }
-        if !data.len().is_multiple_of(dtype.size()) {
-            return Err(BackendError::Shape(format!(
-                "{} bytes are not whole {dtype} values",
-                data.len()
-            )));
-        }
+        let len = dtype.elems_in(data.len()).ok_or_else(|| {
+            BackendError::Shape(format!("{} bytes are not whole {dtype} values", data.len()))
+        })?;
         // Device memory is not host memory here, so the bytes are copied once at import.
         let buffer = self.create(data.len(), Some(data.as_slice()))?;
-        Ok(self.wrap(buffer, dtype, data.len() / dtype.size(), usage))
+        Ok(self.wrap(buffer, dtype, len, usage))
     }
 
     /// Copies `len` bytes at byte `offset` of `src` to the host (`offset`, `len` any).
@@ -318,7 +313,31 @@ impl WgpuBackend {
         if d.len == 0 {
             return Ok(());
         }
-        let (so, dof, n) = (d.src_offset * es, d.dst_offset * es, d.len * es);
+        let (so, dof, n) = if src.dtype().is_quantized() {
+            // Whole blocks only, moved as bytes; a run that is not word-aligned would need a
+            // byte-moving shader, which no caller has needed (`supports(Copy, _)` is false).
+            let be = src.dtype().block_elems();
+            let aligned = [d.src_offset, d.dst_offset, d.len]
+                .iter()
+                .all(|v| v.is_multiple_of(be));
+            let (so, dof, n) = (
+                d.src_offset / be * es,
+                d.dst_offset / be * es,
+                d.len / be * es,
+            );
+            if !aligned || so % 4 != 0 || dof % 4 != 0 || n % 4 != 0 {
+                return Err(BackendError::Shape(format!(
+                    "copy of {} {} values ({} → {}): not whole, word-aligned blocks",
+                    d.len,
+                    src.dtype(),
+                    d.src_offset,
+                    d.dst_offset
+                )));
+            }
+            (so, dof, n)
+        } else {
+            (d.src_offset * es, d.dst_offset * es, d.len * es)
+        };
         if so % 4 == 0 && dof % 4 == 0 && n % 4 == 0 {
             let mut enc = self
                 .device

@@ -23,6 +23,9 @@ impl WgpuBackend {
         out: &mut DeviceBuffer,
         d: &MatmulDesc,
     ) -> Result<()> {
+        if w.dtype().is_quantized() {
+            return self.run_matmul_quant(x, w, bias, out, d);
+        }
         expect_dtype(x, DType::F32, "matmul x")?;
         expect_dtype(out, DType::F32, "matmul out")?;
         let xs = self.window(x, d.x_offset, need(d.n, d.k, "matmul x")?, "matmul x")?;

@@ -20,6 +20,7 @@ macro_rules! shader {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(crate) enum Kernel {
     Matmul,
+    MatmulQuant,
     RmsNorm,
     Rope,
     Attention,
@@ -37,6 +38,7 @@ impl Kernel {
     fn source(self) -> (&'static str, &'static str) {
         match self {
             Kernel::Matmul => ("matmul", shader!("matmul.wgsl")),
+            Kernel::MatmulQuant => ("matmul_quant", shader!("matmul_quant.wgsl")),
             Kernel::RmsNorm => ("norm", shader!("norm.wgsl")),
             Kernel::Rope => ("rope", shader!("rope.wgsl")),
             Kernel::Attention => ("attention", shader!("attention.wgsl")),
@@ -69,8 +71,16 @@ pub(crate) fn dtype_code(dtype: DType) -> u32 {
         DType::F32 => 0,
         DType::F16 => 1,
         DType::BF16 => 2,
-        // Unreachable: the backend refuses to allocate or import quantized buffers.
-        DType::F8E4M3 | DType::Nvfp4 | DType::Mxfp4 => 0,
+        // Unreachable: block types go to matmul_quant.wgsl (codes in `crate::quant`), and
+        // `WgpuBackend::window` refuses them for every other kernel.
+        DType::F8E4M3
+        | DType::Nvfp4
+        | DType::Mxfp4
+        | DType::Q8_0
+        | DType::Q4_0
+        | DType::Q4K
+        | DType::Q5K
+        | DType::Q6K => 0,
     }
 }
 

@@ -157,3 +157,108 @@ fn activations_beyond_one_binding_are_a_clear_error() {
         .expect_err("too large for one binding");
     assert!(err.to_string().contains("binding"), "{err}");
 }
+
+/// Block-quantized experts of a fused tensor larger than a binding: each expert's rows are
+/// bound through a byte window (blocks of 17, 18, 34, … bytes start at any byte of it).
+#[test]
+fn quantized_matmul_selects_one_expert_of_a_tensor_larger_than_a_binding() {
+    let Some(b) = backend() else { return };
+    let mut rng = Rng::new(10);
+    let (n, k, m) = (5, 300, 16);
+    for dtype in DType::QUANTIZED {
+        let experts = (2 * CAP as usize / (m * dtype.row_bytes(k))).max(3);
+        let per = m * dtype.padded(k);
+        let mut bytes = Vec::new();
+        let mut values = Vec::new();
+        for _ in 0..experts {
+            let v = rng.vec(m * k, 1.0);
+            let q = ft_backend::quant::quantize_matrix(dtype, &v, m, k);
+            values.push(ft_backend::quant::dequantize_matrix(dtype, &q, m, k).expect("decode"));
+            bytes.extend(q);
+        }
+        let mut w = b
+            .alloc(dtype, experts * per, BufferUsage::Weights)
+            .expect("alloc");
+        assert!(
+            w.size_bytes() as u64 > CAP,
+            "{dtype}: the weights must exceed one binding"
+        );
+        b.upload(StreamId::COMPUTE, &bytes, &mut w, 0)
+            .expect("upload");
+        let x = rng.vec(n * k, 1.0);
+        let (xb, _) = upload(&b, DType::F32, &x);
+        for e in [0, experts / 2, experts - 1] {
+            let mut out = b
+                .alloc(DType::F32, n * m, BufferUsage::Scratch)
+                .expect("alloc");
+            let desc = MatmulDesc {
+                w_offset: e * per,
+                ..MatmulDesc::new(n, k, m)
+            };
+            b.matmul(&xb, &w, None, &mut out, &desc).expect("matmul");
+            let ws = &values[e];
+            let want = reference::matmul(&x, ws, None, n, k, m);
+            let got = download(&b, &out);
+            for (idx, (g, r)) in got.iter().zip(&want).enumerate() {
+                let (i, j) = (idx / m, idx % m);
+                let mag: f32 = (0..k).map(|p| (x[i * k + p] * ws[j * k + p]).abs()).sum();
+                let bound = MATMUL_RTOL * (k as f32).sqrt() * mag;
+                assert!(
+                    (g - r).abs() <= bound,
+                    "{dtype} expert {e} [{i},{j}]: {g} vs {r}"
+                );
+            }
+        }
+        // Other kernels refuse block types instead of misreading them.
+        let (xr, _) = upload(&b, DType::F32, &vec![1.0; k]);
+        let mut o = b.alloc(DType::F32, k, BufferUsage::Scratch).expect("alloc");
+        let desc = RmsNormDesc {
+            rows: 1,
+            dim: k,
+            eps: 1e-6,
+            unit_offset: false,
+        };
+        assert!(
+            b.rms_norm(&xr, &w, &mut o, &desc).is_err(),
+            "{dtype}: rms_norm accepted"
+        );
+    }
+}
+
+/// Whole blocks of a quantized buffer copy byte for byte.
+#[test]
+fn quantized_blocks_copy() {
+    let Some(b) = backend() else { return };
+    let mut rng = Rng::new(11);
+    for dtype in DType::QUANTIZED {
+        let be = dtype.block_elems();
+        // 8 blocks: offsets of 4 blocks are word-aligned for every block size.
+        let bytes = ft_backend::quant::quantize_matrix(dtype, &rng.vec(8 * be, 1.0), 1, 8 * be);
+        let mut src = b.alloc(dtype, 8 * be, BufferUsage::Weights).expect("alloc");
+        b.upload(StreamId::COMPUTE, &bytes, &mut src, 0)
+            .expect("upload");
+        let mut dst = b.alloc(dtype, 8 * be, BufferUsage::Weights).expect("alloc");
+        let desc = CopyDesc {
+            src_offset: 0,
+            dst_offset: 4 * be,
+            len: 4 * be,
+        };
+        b.copy(StreamId::COMPUTE, &src, &mut dst, &desc)
+            .expect("copy");
+        let mut got = vec![0u8; dst.size_bytes()];
+        b.download(StreamId::COMPUTE, &dst, 0, &mut got)
+            .expect("download");
+        let half = 4 * dtype.size();
+        assert!(got[..half].iter().all(|v| *v == 0), "{dtype}");
+        assert_eq!(&got[half..], &bytes[..half], "{dtype}");
+        let inside = CopyDesc {
+            src_offset: 1,
+            dst_offset: 0,
+            len: be,
+        };
+        assert!(
+            b.copy(StreamId::COMPUTE, &src, &mut dst, &inside).is_err(),
+            "{dtype}: copy inside a block"
+        );
+    }
+}

@@ -101,7 +101,14 @@ fn check_bytes(bytes: &[u8], dtype: DType, len: usize) -> Result<()> {
 /// dtype decodes whole blocks: `out.len()` must then be a multiple of the block.
 pub(crate) fn decode_scalar(bytes: &[u8], dtype: DType, out: &mut [f32]) {
     match dtype {
-        DType::F8E4M3 | DType::Nvfp4 | DType::Mxfp4 => out
+        DType::F8E4M3
+        | DType::Nvfp4
+        | DType::Mxfp4
+        | DType::Q8_0
+        | DType::Q4_0
+        | DType::Q4K
+        | DType::Q5K
+        | DType::Q6K => out
             .chunks_exact_mut(dtype.block_elems())
             .zip(bytes.chunks_exact(dtype.size()))
             .for_each(|(o, b)| ft_backend::quant::decode_block(dtype, b, o)),

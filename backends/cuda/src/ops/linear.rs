@@ -23,6 +23,9 @@ pub(crate) fn matmul(
     out: &mut DeviceBuffer,
     d: &MatmulDesc,
 ) -> Result<()> {
+    if w.dtype().is_quantized() {
+        return super::quant::matmul(b, x, w, bias, out, d);
+    }
     let MatmulDesc { n, k, m, .. } = *d;
     let xp = f32_at(x, d.x_offset, need(n, k, "matmul x")?, "matmul x")?;
     let wp = ptr_at(w, d.w_offset, need(m, k, "matmul w")?, "matmul w")?;

@@ -3,6 +3,7 @@
 
 pub(crate) mod attn;
 pub(crate) mod linear;
+pub(crate) mod quant;
 pub(crate) mod rows;
 
 use crate::device::CudaBackend;
@@ -17,8 +18,16 @@ pub(crate) fn by_dtype(dtype: DType, names: [&'static str; 3]) -> &'static str {
         DType::F32 => names[0],
         DType::F16 => names[1],
         DType::BF16 => names[2],
-        // Unreachable: the backend refuses to allocate or import quantized buffers.
-        DType::F8E4M3 | DType::Nvfp4 | DType::Mxfp4 => names[0],
+        // Unreachable: block types go to `quant::matmul`, and `memory::ptr_at` refuses them
+        // for every other kernel.
+        DType::F8E4M3
+        | DType::Nvfp4
+        | DType::Mxfp4
+        | DType::Q8_0
+        | DType::Q4_0
+        | DType::Q4K
+        | DType::Q5K
+        | DType::Q6K => names[0],
     }
 }
 
@@ -42,6 +51,19 @@ pub const KERNELS: &[(&str, &[(&str, &str)])] = &[
             ("gemm_f32", "ppppuuu"),
             ("gemm_f16", "ppppuuu"),
             ("gemm_bf16", "ppppuuu"),
+        ],
+    ),
+    (
+        "matmul_quant",
+        &[
+            ("matmul_q_fp8", "ppppuuu"),
+            ("matmul_q_nvfp4", "ppppuuu"),
+            ("matmul_q_mxfp4", "ppppuuu"),
+            ("matmul_q_q8_0", "ppppuuu"),
+            ("matmul_q_q4_0", "ppppuuu"),
+            ("matmul_q_q4_k", "ppppuuu"),
+            ("matmul_q_q5_k", "ppppuuu"),
+            ("matmul_q_q6_k", "ppppuuu"),
         ],
     ),
     ("norm", &[("rms_norm_f32", "pppufu"), ("rms_norm_f16", "pppufu"), ("rms_norm_bf16", "pppufu")]),

@@ -7,6 +7,7 @@
 pub(crate) mod avx2;
 pub(crate) mod avx512;
 pub(crate) mod quant;
+pub(crate) mod qdot;
 
 use ft_backend::DType;
 
@@ -26,7 +27,14 @@ pub(crate) fn code(dtype: DType) -> u8 {
         DType::BF16 => BF16,
         // Callers route the block-quantized types to `kernels::quant` before asking (they
         // have no per-element code); F32 here would only be reached by a routing bug.
-        DType::F8E4M3 | DType::Nvfp4 | DType::Mxfp4 => F32,
+        DType::F8E4M3
+        | DType::Nvfp4
+        | DType::Mxfp4
+        | DType::Q8_0
+        | DType::Q4_0
+        | DType::Q4K
+        | DType::Q5K
+        | DType::Q6K => F32,
     }
 }
 

@@ -1,0 +1,235 @@
+//! Throughput of one-token matmuls against block-quantized weights, as a fraction of the
+//! memory read bandwidth measured in the same run (ignored by default). Run in release:
+//!
+//! ```text
+//! FT_BENCH_THREADS=2 cargo test --release -p ft-backend-cpu --test quant_bench -- --ignored --nocapture
+//! ```
+//!
+//! `FT_BENCH_THREADS` sets the worker count (default: the backend's). Shapes are those of a
+//! Qwen3-30B-A3B expert (hidden 2048, expert width 768): gate/up `k=2048 × 768 rows`, down
+//! `k=768 × 2048 rows`, each timed alone (cache-warm), then 8 experts' gate/up/down in turn
+//! and a cold set of as many experts as make ≥ 192 MiB (far beyond L3), so weights stream
+//! from memory.
+
+use ft_backend::{Backend, BufferUsage, DType, DeviceBuffer, MatmulDesc, StreamId};
+use ft_backend_cpu::{CpuBackend, CpuOptions};
+use std::time::Instant;
+
+/// Median read bandwidth (bytes/s) summing a 1 GiB buffer with `threads` threads.
+fn read_bandwidth(threads: usize) -> f64 {
+    let words = (1usize << 30) / 8;
+    let buf: Vec<u64> = (0..words as u64).collect();
+    let chunk = words.div_ceil(threads);
+    let mut runs: Vec<f64> = (0..7)
+        .map(|_| {
+            let t = Instant::now();
+            let total: u64 = std::thread::scope(|s| {
+                let hs: Vec<_> = buf
+                    .chunks(chunk)
+                    .map(|c| {
+                        s.spawn(move || {
+                            // Eight independent lanes so the adds keep up with the loads.
+                            let mut acc = [0u64; 8];
+                            for v in c.chunks_exact(8) {
+                                for i in 0..8 {
+                                    acc[i] = acc[i].wrapping_add(v[i]);
+                                }
+                            }
+                            acc.iter().fold(0u64, |a, b| a.wrapping_add(*b))
+                        })
+                    })
+                    .collect();
+                hs.into_iter()
+                    .map(|h| h.join().expect("join"))
+                    .fold(0u64, |a, b| a.wrapping_add(b))
+            });
+            std::hint::black_box(total);
+            (words * 8) as f64 / t.elapsed().as_secs_f64()
+        })
+        .collect();
+    runs.sort_by(|a, b| a.total_cmp(b));
+    runs[runs.len() / 2]
+}
+
+fn upload(b: &CpuBackend, dtype: DType, elems: usize, bytes: &[u8]) -> DeviceBuffer {
+    let mut w = b.alloc(dtype, elems, BufferUsage::Weights).expect("alloc");
+    b.upload(StreamId::COMPUTE, bytes, &mut w, 0)
+        .expect("upload");
+    w
+}
+
+/// Median seconds of `f` over `reps` runs after `warm` warm-up runs.
+fn time(warm: usize, reps: usize, mut f: impl FnMut()) -> f64 {
+    for _ in 0..warm {
+        f();
+    }
+    let mut v: Vec<f64> = (0..reps)
+        .map(|_| {
+            let t = Instant::now();
+            f();
+            t.elapsed().as_secs_f64()
+        })
+        .collect();
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+#[test]
+#[ignore = "timing, run by hand in release"]
+fn quant_gemv_throughput() {
+    let threads = std::env::var("FT_BENCH_THREADS")
+        .ok()
+        .and_then(|v| v.parse().ok());
+    let b = CpuBackend::new(CpuOptions {
+        threads,
+        ..Default::default()
+    })
+    .expect("backend");
+    let nthreads =
+        threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let bw = read_bandwidth(nthreads);
+    println!(
+        "memory read bandwidth ({nthreads} threads, 1 GiB sum, median of 7): {:.1} GB/s; simd {:?}",
+        bw / 1e9,
+        b.simd_level()
+    );
+    let (hidden, width) = (2048, 768);
+    let mut rng = ft_backend::conformance::Rng::new(1);
+    let vals = rng.vec(hidden * width, 1.0);
+    let xs: Vec<DeviceBuffer> = [hidden, width]
+        .iter()
+        .map(|&k| {
+            let x = rng.vec(k, 1.0);
+            let xb: Vec<u8> = x.iter().flat_map(|v| v.to_le_bytes()).collect();
+            upload(&b, DType::F32, k, &xb)
+        })
+        .collect();
+    let mut out = b
+        .alloc(DType::F32, hidden, BufferUsage::Scratch)
+        .expect("alloc");
+    println!(
+        "{:>6} | {:>22} | {:>22} | {:>22} | {:>22}",
+        "dtype", "k=2048 × 768 (warm)", "k=768 × 2048 (warm)", "8 experts", "cold (≥192 MiB)"
+    );
+    println!(
+        "{:>6} | {:>22} | {:>22} | {:>22} | {:>22}",
+        "", "µs  GB/s  %bw", "µs  GB/s  %bw", "µs/exp GB/s %bw", "µs/exp GB/s %bw"
+    );
+    for dtype in [
+        DType::BF16,
+        DType::Q8_0,
+        DType::Q4_0,
+        DType::Q4K,
+        DType::Q5K,
+        DType::Q6K,
+        DType::Mxfp4,
+        DType::Nvfp4,
+        DType::F8E4M3,
+    ] {
+        // gate/up: [768, 2048]; down: [2048, 768] (the same values, reshaped).
+        let shapes = [(hidden, width), (hidden, width), (width, hidden)];
+        let bytes: Vec<Vec<u8>> = shapes
+            .iter()
+            .map(|&(k, m)| ft_backend::quant::quantize_matrix(dtype, &vals, m, k))
+            .collect();
+        let expert_bytes: usize = bytes.iter().map(Vec::len).sum();
+        let cold_experts = ((192usize << 20).div_ceil(expert_bytes)).max(8);
+        let experts: Vec<Vec<DeviceBuffer>> = (0..cold_experts)
+            .map(|_| {
+                shapes
+                    .iter()
+                    .zip(&bytes)
+                    .map(|(&(k, m), by)| upload(&b, dtype, m * dtype.padded(k), by))
+                    .collect()
+            })
+            .collect();
+        let mm = |w: &DeviceBuffer, k: usize, m: usize, out: &mut DeviceBuffer| {
+            let x = &xs[usize::from(k != hidden)];
+            b.matmul(x, w, None, out, &MatmulDesc::new(1, k, m))
+                .expect("matmul");
+        };
+        let mut cells = Vec::new();
+        for (i, &(k, m)) in [(hidden, width), (width, hidden)].iter().enumerate() {
+            let w = &experts[0][2 * i];
+            let per = time(20, 301, || {
+                mm(w, k, m, &mut out);
+                b.synchronize(StreamId::COMPUTE).expect("sync");
+            });
+            let gbs = bytes[2 * i].len() as f64 / per;
+            cells.push(format!(
+                "{:7.1} {:6.2} {:4.0}%",
+                per * 1e6,
+                gbs / 1e9,
+                100.0 * gbs / bw
+            ));
+        }
+        for count in [8, cold_experts] {
+            let set = &experts[..count];
+            let per = time(2, 15, || {
+                for e in set {
+                    for (w, &(k, m)) in e.iter().zip(&shapes) {
+                        mm(w, k, m, &mut out);
+                    }
+                }
+                b.synchronize(StreamId::COMPUTE).expect("sync");
+            }) / count as f64;
+            let gbs = expert_bytes as f64 / per;
+            cells.push(format!(
+                "{:7.1} {:6.2} {:4.0}%",
+                per * 1e6,
+                gbs / 1e9,
+                100.0 * gbs / bw
+            ));
+        }
+        println!(
+            "{:>6} | {} | {} | {} | {}   ({} B/expert, cold = {cold_experts} experts)",
+            dtype.name(),
+            cells[0],
+            cells[1],
+            cells[2],
+            cells[3],
+            expert_bytes
+        );
+    }
+}
+
+/// One thread, one cache-warm `k=2048 × 768` matrix, straight through
+/// `kernels::matmul_rows`: the kernels' compute rate (values/ns) for 1..=4 tokens, free of
+/// pool and memory effects.
+#[test]
+#[ignore = "timing, run by hand in release"]
+fn quant_kernel_rate_single_thread() {
+    use ft_backend_cpu::{kernels, SimdLevel};
+    let (k, m) = (2048, 768);
+    let mut rng = ft_backend::conformance::Rng::new(2);
+    let vals = rng.vec(m * k, 1.0);
+    let x = rng.vec(5 * k, 1.0);
+    let mut out = vec![0f32; 5 * m];
+    println!("1 thread, k={k} × {m} rows, warm: values/ns (GB/s of weights) per token count");
+    for dtype in [
+        DType::BF16,
+        DType::Q8_0,
+        DType::Q4_0,
+        DType::Q4K,
+        DType::Q5K,
+        DType::Q6K,
+        DType::Mxfp4,
+        DType::Nvfp4,
+        DType::F8E4M3,
+    ] {
+        let w = ft_backend::quant::quantize_matrix(dtype, &vals, m, k);
+        let mut line = format!("{:>6}:", dtype.name());
+        for n in [1, 2, 4, 5] {
+            let per = time(5, 51, || {
+                kernels::matmul_rows(SimdLevel::Auto, &x, n, k, &w, dtype, 0..m, &mut out)
+                    .expect("matmul_rows");
+            });
+            line += &format!(
+                "  n={n}: {:5.2} ({:5.2} GB/s)",
+                (m * k) as f64 / per / 1e9,
+                w.len() as f64 / per / 1e9
+            );
+        }
+        println!("{line}");
+    }
+}
