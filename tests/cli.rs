@@ -269,3 +269,29 @@ fn cuda_without_a_driver_is_one_clear_error_for_every_model_command() {
     let o = ft(&["generate", "--model", d, "--backend", "auto", "--prompt-ids", "1,2", "--max-tokens", "2", "--output-ids"]);
     assert!(o.status.success(), "auto must fall back to the CPU: {}", stderr(&o));
 }
+
+/// `bench --json` reports measured figures: the spread of repeated runs, weight bytes per token
+/// from the read counter (which must agree with what the model's shape implies for a plain
+/// f32 model, where every routed expert is computed once per token), and the probe's spread.
+#[test]
+fn bench_reports_counted_bytes_and_spread() {
+    let dir = fixture("qwen3_moe").join("checkpoint");
+    let o = ft(&[
+        "bench", "--model", dir.to_str().unwrap(), "--backend", "cpu", "--json", "--repeat", "2", "--prompt-len", "8", "--gen-tokens", "4",
+        "--bandwidth-mib", "16", "--bandwidth-passes", "3",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(stdout(&o).lines().next().unwrap()).unwrap();
+    assert_eq!(v["runs"], 2);
+    let counted = v["bytes_per_token_counted"].as_f64().unwrap();
+    let model = v["bytes_per_token_model"].as_f64().unwrap();
+    // The shape's figure includes norms and one embedding row, which the counter leaves out.
+    assert!(counted > 0.9 * model && counted <= 1.01 * model, "counted {counted} vs model {model}");
+    for key in ["prefill_tok_s", "decode_tok_s", "decode_gb_s"] {
+        let s = &v[key];
+        let (lo, mid, hi) = (s["min"].as_f64().unwrap(), s["median"].as_f64().unwrap(), s["max"].as_f64().unwrap());
+        assert!(0.0 < lo && lo <= mid && mid <= hi, "{key}: {s}");
+    }
+    assert_eq!(v["memory_gb_s"]["passes"], 3);
+    assert!(v["roofline_fraction"].as_f64().unwrap() > 0.0);
+}

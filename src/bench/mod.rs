@@ -2,9 +2,12 @@
 //! memory bandwidth.
 //!
 //! Decode of one sequence is memory-bound: every step reads the non-expert weights and the
-//! chosen experts once. The roofline is `bandwidth / bytes_per_token`; the report gives the
-//! achieved GB/s and its fraction of the read bandwidth this command measures itself, plus
-//! the expert cache behaviour (hit rate, bytes moved) and the actor overhead per step.
+//! chosen experts once. Every figure is measured: tokens/s from timers over repeated runs
+//! (median and spread), weight bytes per token from the counter every weight-matrix product
+//! adds to ([`crate::model::reads`]), GB/s as counted bytes over decode time, and the roofline
+//! fraction against the median of a read-bandwidth probe run by the same command. Prefills are
+//! cold (no prompt shares a first token with an earlier one). Plus the expert cache behaviour
+//! (hit rate, bytes moved) and the actor overhead per step.
 
 pub mod replay;
 
@@ -12,17 +15,29 @@ use crate::engine::{EngineError, EngineHandle, EngineRequest, GenEvent};
 use rayon::prelude::*;
 use std::time::Instant;
 
-/// Measures streaming read bandwidth (GB/s, best of several passes) over `bytes` of memory
-/// with `threads` threads.
-pub fn memory_bandwidth(threads: usize, bytes: usize) -> f64 {
+/// A memory read bandwidth probe: several timed passes over one buffer.
+#[derive(Clone, Debug, Default)]
+pub struct Bandwidth {
+    /// Median pass, GB/s (what rooflines are computed against).
+    pub median: f64,
+    /// Slowest pass, GB/s.
+    pub min: f64,
+    /// Fastest pass, GB/s.
+    pub max: f64,
+    /// Timed passes (after one untimed pass that faults the pages in).
+    pub passes: usize,
+}
+
+/// Measures streaming read bandwidth over `bytes` of memory with `threads` threads: the median
+/// of `passes` timed passes, with the spread (one pass varies with the machine's other load).
+pub fn memory_bandwidth(threads: usize, bytes: usize, passes: usize) -> Bandwidth {
     let words = (bytes / 8).max(1 << 16);
     let data: Vec<u64> = (0..words as u64).collect();
     let pool = match rayon::ThreadPoolBuilder::new().num_threads(threads.max(1)).build() {
         Ok(p) => p,
-        Err(_) => return 0.0,
+        Err(_) => return Bandwidth::default(),
     };
-    let mut best = 0f64;
-    for _ in 0..5 {
+    let pass = || {
         let start = Instant::now();
         let sum = pool.install(|| {
             data.par_chunks(1 << 16)
@@ -40,10 +55,41 @@ pub fn memory_bandwidth(threads: usize, bytes: usize) -> f64 {
                 .reduce(|| 0, u64::wrapping_add)
         });
         std::hint::black_box(sum);
-        let secs = start.elapsed().as_secs_f64();
-        best = best.max((words * 8) as f64 / secs / 1e9);
+        (words * 8) as f64 / start.elapsed().as_secs_f64() / 1e9
+    };
+    pass();
+    let mut rates: Vec<f64> = (0..passes.max(1)).map(|_| pass()).collect();
+    rates.sort_by(f64::total_cmp);
+    Bandwidth { median: median(&rates), min: rates[0], max: rates[rates.len() - 1], passes: rates.len() }
+}
+
+/// The median of sorted values (0 for none).
+fn median(sorted: &[f64]) -> f64 {
+    match sorted.len() {
+        0 => 0.0,
+        n if n % 2 == 1 => sorted[n / 2],
+        n => (sorted[n / 2 - 1] + sorted[n / 2]) / 2.0,
     }
-    best
+}
+
+/// Median, minimum and maximum of repeated measurements.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Spread {
+    /// Median.
+    pub median: f64,
+    /// Smallest.
+    pub min: f64,
+    /// Largest.
+    pub max: f64,
+}
+
+impl Spread {
+    /// The spread of `values` (any order).
+    pub fn of(values: &[f64]) -> Spread {
+        let mut v = values.to_vec();
+        v.sort_by(f64::total_cmp);
+        Spread { median: median(&v), min: v.first().copied().unwrap_or(0.0), max: v.last().copied().unwrap_or(0.0) }
+    }
 }
 
 /// What to measure.
@@ -53,19 +99,24 @@ pub struct BenchOptions {
     pub prompt_len: usize,
     /// Tokens to decode.
     pub gen_tokens: usize,
+    /// Measured runs (each a cold prefill and a decode); the report gives their spread.
+    pub repeats: usize,
 }
 
 /// Results of one engine configuration.
 #[derive(Clone, Debug, Default)]
 pub struct BenchReport {
-    /// Prefill throughput.
-    pub prefill_tok_s: f64,
-    /// Decode throughput.
-    pub decode_tok_s: f64,
-    /// Weight bytes read per decoded token (non-expert + top-k experts).
-    pub bytes_per_token: u64,
-    /// Achieved decode bandwidth, GB/s.
-    pub decode_gb_s: f64,
+    /// Cold prefill throughput over the runs, tokens/s.
+    pub prefill_tok_s: Spread,
+    /// Decode throughput over the runs, tokens/s.
+    pub decode_tok_s: Spread,
+    /// Weight bytes read per decoded token, counted as the matrices were used (median run).
+    pub bytes_per_token: f64,
+    /// What the model's shape says a decoded token reads (non-expert + top-k experts), for
+    /// comparison with the count.
+    pub model_bytes_per_token: u64,
+    /// Achieved decode bandwidth over the runs: counted weight bytes / decode time, GB/s.
+    pub decode_gb_s: Spread,
     /// Expert cache hit rate during decode.
     pub hit_rate: f64,
     /// Host→device bytes per decoded token.
@@ -83,7 +134,58 @@ pub fn bench_prompt(len: usize, vocab: usize) -> Vec<u32> {
     (0..len as u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 7) % vocab.max(1) as u32).collect()
 }
 
-async fn one_run(engine: &EngineHandle, prompt: Vec<u32>, tokens: usize, reset_after_first: bool) -> Result<(f64, f64, usize), EngineError> {
+/// Measures `engine`: a warm-up (so the mapped weights are resident), then `repeats` runs of a
+/// cold prefill and a decode. Each run's prompt starts with a token no earlier prompt started
+/// with, so every prefill is computed, not restored from the prefix store.
+pub async fn run(engine: &EngineHandle, opts: &BenchOptions, progress: &mut (dyn FnMut(&str) + Send)) -> Result<BenchReport, EngineError> {
+    let info = engine.info();
+    let vocab = info.config.vocab_size.max(2) as u32;
+    let base = bench_prompt(opts.prompt_len.max(1), info.config.vocab_size);
+    let prompt_for = |run: u32| -> Vec<u32> { base.iter().map(|t| (t + run) % vocab).collect() };
+    progress("warm-up");
+    one_run(engine, prompt_for(0), 2).await?;
+    let runs = opts.repeats.max(1);
+    let (mut prefill, mut decode, mut gb_s, mut bytes) = (vec![], vec![], vec![], vec![]);
+    let mut last_stats = None;
+    for r in 0..runs {
+        let prompt = prompt_for(1 + 2 * r as u32);
+        progress(&format!("run {}/{runs}: cold prefill of {} tokens", r + 1, prompt.len()));
+        let (prefill_s, _, _) = one_run(engine, prompt, 1).await?;
+        prefill.push(prompt_len_or_1(opts) / prefill_s.max(1e-9));
+        progress(&format!("run {}/{runs}: decode of {} tokens", r + 1, opts.gen_tokens));
+        let (_, decode_s, n) = one_run(engine, prompt_for(2 + 2 * r as u32), opts.gen_tokens + 1).await?;
+        let tok_s = n.saturating_sub(1).max(1) as f64 / decode_s.max(1e-9);
+        // The engine counts the bytes its decode steps read, and the steps, since the reset at
+        // the first token: both over the same steps.
+        let stats = engine.stats().await?;
+        let per_token = stats.decode_weight_bytes as f64 / stats.decode_steps.max(1) as f64;
+        decode.push(tok_s);
+        bytes.push(per_token);
+        gb_s.push(per_token * tok_s / 1e9);
+        last_stats = Some(stats);
+    }
+    let stats = match last_stats {
+        Some(s) => s,
+        None => engine.stats().await?,
+    };
+    let steps = stats.decode_steps.max(1) as f64;
+    Ok(BenchReport {
+        prefill_tok_s: Spread::of(&prefill),
+        decode_tok_s: Spread::of(&decode),
+        bytes_per_token: Spread::of(&bytes).median,
+        model_bytes_per_token: info.stats.bytes_per_token,
+        decode_gb_s: Spread::of(&gb_s),
+        hit_rate: stats.total.hit_rate(),
+        bytes_moved_per_token: stats.total.bytes_moved as f64 / steps,
+        fetched_per_token: stats.total.fetched as f64 / steps,
+        cpu_per_token: stats.total.cpu_computed as f64 / steps,
+        actor_overhead: stats.actor_overhead_fraction(),
+    })
+}
+
+/// One request: (time to first token, seconds after it, tokens). The engine's stats are reset
+/// at the first token, so they describe the decode alone.
+async fn one_run(engine: &EngineHandle, prompt: Vec<u32>, tokens: usize) -> Result<(f64, f64, usize), EngineError> {
     let mut req = EngineRequest::greedy(prompt, tokens);
     req.ignore_eos = true;
     let start = Instant::now();
@@ -95,9 +197,7 @@ async fn one_run(engine: &EngineHandle, prompt: Vec<u32>, tokens: usize, reset_a
                 n += 1;
                 if first.is_none() {
                     first = Some(start.elapsed().as_secs_f64());
-                    if reset_after_first {
-                        engine.reset_stats().await?;
-                    }
+                    engine.reset_stats().await?;
                 }
             }
             GenEvent::Done(_) => break,
@@ -106,38 +206,6 @@ async fn one_run(engine: &EngineHandle, prompt: Vec<u32>, tokens: usize, reset_a
     }
     let first = first.unwrap_or_default();
     Ok((first, start.elapsed().as_secs_f64() - first, n))
-}
-
-/// Measures `engine`: a warm-up (so the mapped weights are resident), a cold prefill, a decode.
-pub async fn run(engine: &EngineHandle, opts: &BenchOptions, progress: &mut (dyn FnMut(&str) + Send)) -> Result<BenchReport, EngineError> {
-    let info = engine.info();
-    let prompt = bench_prompt(opts.prompt_len.max(1), info.config.vocab_size);
-    progress("warm-up");
-    // The warm-up makes the mapped weights resident; its prompt shares no first token with the
-    // measured one, so the prefill below is computed, not restored from the prefix store.
-    let vocab = info.config.vocab_size.max(2) as u32;
-    let warm: Vec<u32> = prompt.iter().map(|t| (t + 1) % vocab).collect();
-    one_run(engine, warm, 2, false).await?;
-    progress(&format!("prefill of {} tokens", prompt.len()));
-    let (prefill_s, _, _) = one_run(engine, prompt.clone(), 1, false).await?;
-    progress(&format!("decode of {} tokens", opts.gen_tokens));
-    let (_, decode_s, n) = one_run(engine, prompt, opts.gen_tokens + 1, true).await?;
-    let stats = engine.stats().await?;
-    let decoded = n.saturating_sub(1).max(1) as f64;
-    let steps = stats.decode_steps.max(1) as f64;
-    let decode_tok_s = decoded / decode_s.max(1e-9);
-    let bytes_per_token = info.stats.bytes_per_token;
-    Ok(BenchReport {
-        prefill_tok_s: prompt_len_or_1(opts) / prefill_s.max(1e-9),
-        decode_tok_s,
-        bytes_per_token,
-        decode_gb_s: decode_tok_s * bytes_per_token as f64 / 1e9,
-        hit_rate: stats.total.hit_rate(),
-        bytes_moved_per_token: stats.total.bytes_moved as f64 / steps,
-        fetched_per_token: stats.total.fetched as f64 / steps,
-        cpu_per_token: stats.total.cpu_computed as f64 / steps,
-        actor_overhead: stats.actor_overhead_fraction(),
-    })
 }
 
 fn prompt_len_or_1(o: &BenchOptions) -> f64 {

@@ -17,6 +17,12 @@ pub struct BenchArgs {
     /// Tokens to decode.
     #[arg(long, default_value_t = 32)]
     gen_tokens: usize,
+    /// Measured runs per mode (a cold prefill and a decode each); the spread is reported.
+    #[arg(long, default_value_t = 3)]
+    repeat: usize,
+    /// Timed passes of the bandwidth probe (their median is the roofline's bandwidth).
+    #[arg(long, default_value_t = 7)]
+    bandwidth_passes: usize,
     /// MoE modes to compare (default: just --moe-mode).
     #[arg(long, value_delimiter = ',')]
     modes: Vec<MoeMode>,
@@ -31,10 +37,11 @@ pub struct BenchArgs {
 /// `bench`.
 pub fn run(a: BenchArgs) -> Result<()> {
     let threads = a.model.cpu_threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
-    eprintln!("measuring memory read bandwidth ({} MiB, {threads} threads)", a.bandwidth_mib);
-    let memory_gb_s = memory_bandwidth(threads, a.bandwidth_mib << 20);
+    eprintln!("measuring memory read bandwidth ({} MiB, {threads} threads, {} passes)", a.bandwidth_mib, a.bandwidth_passes);
+    let bw = memory_bandwidth(threads, a.bandwidth_mib << 20, a.bandwidth_passes);
+    let memory_gb_s = bw.median;
     let modes = if a.modes.is_empty() { vec![a.model.moe_mode] } else { a.modes.clone() };
-    let opts = BenchOptions { prompt_len: a.prompt_len.max(1), gen_tokens: a.gen_tokens.max(1) };
+    let opts = BenchOptions { prompt_len: a.prompt_len.max(1), gen_tokens: a.gen_tokens.max(1), repeats: a.repeat.max(1) };
     let rt = runtime()?;
     let mut rows = vec![];
     for mode in modes {
@@ -49,18 +56,33 @@ pub fn run(a: BenchArgs) -> Result<()> {
         })?;
         rows.push((mode, r));
     }
+    let spread = |s: &crate::bench::Spread, digits: usize| format!("{:.d$} ({:.d$}–{:.d$})", s.median, s.min, s.max, d = digits);
     if !a.json {
-        println!("| mode | effective | cache slots | prefill tok/s | decode tok/s | GB/s | roofline | hit rate | MB moved/tok | fetched/tok | CPU experts/tok | actor overhead |");
-        println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
+        println!(
+            "memory read bandwidth {:.1} GB/s (median of {} passes over {} MiB with {threads} threads; {:.1}–{:.1})",
+            bw.median, bw.passes, a.bandwidth_mib, bw.min, bw.max
+        );
+        println!(
+            "{} runs per mode: tokens/s from timers (median, min–max); weight bytes per token from the counter of every \
+             weight-matrix product (the model's shape says the figure in brackets); GB/s = counted bytes / decode time; \
+             roofline = that / the median bandwidth; prefills are cold",
+            opts.repeats
+        );
+        println!("| mode | effective | cache slots | prefill tok/s | decode tok/s | MB read/tok | GB/s | roofline | hit rate | MB moved/tok | fetched/tok | CPU experts/tok | actor overhead |");
+        println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     }
     for (mode, (info, r)) in rows {
-        let roofline = r.decode_gb_s / memory_gb_s.max(1e-9);
+        let roofline = r.decode_gb_s.median / memory_gb_s.max(1e-9);
         if a.json {
+            let s = |s: &crate::bench::Spread| serde_json::json!({"median": s.median, "min": s.min, "max": s.max});
             let v = serde_json::json!({
                 "mode": mode.to_string(), "effective": info.moe_mode, "cache_slots": info.memory.cache_slots,
-                "prefill_tok_s": r.prefill_tok_s, "decode_tok_s": r.decode_tok_s,
-                "bytes_per_token": r.bytes_per_token, "decode_gb_s": r.decode_gb_s,
-                "memory_gb_s": memory_gb_s, "roofline_fraction": roofline,
+                "runs": opts.repeats, "prefill_tokens": opts.prompt_len, "decode_tokens": opts.gen_tokens,
+                "prefill_tok_s": s(&r.prefill_tok_s), "decode_tok_s": s(&r.decode_tok_s),
+                "bytes_per_token_counted": r.bytes_per_token, "bytes_per_token_model": r.model_bytes_per_token,
+                "decode_gb_s": s(&r.decode_gb_s),
+                "memory_gb_s": {"median": bw.median, "min": bw.min, "max": bw.max, "passes": bw.passes},
+                "roofline_fraction": roofline,
                 "hit_rate": r.hit_rate, "bytes_moved_per_token": r.bytes_moved_per_token,
                 "fetched_per_token": r.fetched_per_token, "cpu_experts_per_token": r.cpu_per_token,
                 "actor_overhead_fraction": r.actor_overhead, "b_p": info.b_p, "b_h": info.b_h,
@@ -68,14 +90,15 @@ pub fn run(a: BenchArgs) -> Result<()> {
             println!("{v}");
         } else {
             println!(
-                "| {mode} | {} | {} | {:.1} | {:.2} | {:.1} | {:.0} % of {:.1} GB/s | {:.0} % | {:.1} | {:.1} | {:.1} | {:.2} % |",
+                "| {mode} | {} | {} | {} | {} | {:.0} ({:.0}) | {} | {:.0} % | {:.0} % | {:.1} | {:.1} | {:.1} | {:.2} % |",
                 info.moe_mode.split(' ').nth(2).unwrap_or("?"),
                 info.memory.cache_slots,
-                r.prefill_tok_s,
-                r.decode_tok_s,
-                r.decode_gb_s,
+                spread(&r.prefill_tok_s, 1),
+                spread(&r.decode_tok_s, 2),
+                r.bytes_per_token / 1e6,
+                r.model_bytes_per_token as f64 / 1e6,
+                spread(&r.decode_gb_s, 1),
                 roofline * 100.0,
-                memory_gb_s,
                 r.hit_rate * 100.0,
                 r.bytes_moved_per_token / 1e6,
                 r.fetched_per_token,
