@@ -68,6 +68,14 @@ struct NamedToken {
     id: Option<u32>,
 }
 
+/// tokenizer_config.json and special_tokens_map.json contents, with the paths errors name.
+struct SideFiles<'a> {
+    cfg: Option<&'a Json>,
+    cfg_path: &'a Path,
+    map: Option<&'a Json>,
+    map_path: &'a Path,
+}
+
 /// A tokenizer for one model folder: vocabulary, special tokens and chat template(s).
 #[derive(Debug, Clone)]
 pub struct Tokenizer {
@@ -100,17 +108,89 @@ impl Tokenizer {
         let cfg = read_optional_json(&cfg_path)?;
         let map_path = dir.join("special_tokens_map.json");
         let map = read_optional_json(&map_path)?;
+        let side = SideFiles {
+            cfg: cfg.as_ref(),
+            cfg_path: &cfg_path,
+            map: map.as_ref(),
+            map_path: &map_path,
+        };
+        Self::assemble(inner, side, || {
+            load_chat_templates(dir, cfg.as_ref(), &cfg_path)
+        })
+    }
+
+    /// Builds a tokenizer from in-memory tokenizer.json and tokenizer_config.json contents;
+    /// `source` names where they came from in errors. Chat templates come from the config only.
+    pub fn from_json(
+        tokenizer_json: Json,
+        tokenizer_config: Option<&Json>,
+        source: &Path,
+    ) -> Result<Tokenizer, TokenizerError> {
+        let inner: tokenizers::Tokenizer = serde_json::from_value(tokenizer_json).map_err(|e| {
+            TokenizerError::Json {
+                path: source.to_path_buf(),
+                line: 0,
+                column: 0,
+                message: format!("tokenizer.json content does not load: {e}"),
+            }
+        })?;
+        let side = SideFiles {
+            cfg: tokenizer_config,
+            cfg_path: source,
+            map: None,
+            map_path: source,
+        };
+        Self::assemble(inner, side, || config_chat_templates(tokenizer_config, source))
+    }
+
+    /// Rebuilds the tokenizer, special tokens and chat templates of a GGUF file from its
+    /// metadata; `path` (the GGUF file) names the source in errors.
+    pub fn from_gguf(
+        meta: &crate::model::gguf::Metadata,
+        path: &Path,
+    ) -> Result<Tokenizer, TokenizerError> {
+        let files = crate::model::gguf::tokenizer::tokenizer_files(meta, path)?;
+        Self::from_json(files.tokenizer_json, Some(&files.tokenizer_config), path)
+    }
+
+    /// The tokenizer of a model path: a folder's files, or a GGUF file's metadata.
+    pub fn open(path: &Path) -> Result<Tokenizer, TokenizerError> {
+        if !crate::model::gguf::is_gguf(path) {
+            return Self::from_dir(path);
+        }
+        let file = crate::model::gguf::GgufFile::open(path).map_err(|e| TokenizerError::Json {
+            path: path.to_path_buf(),
+            line: 0,
+            column: 0,
+            message: e.to_string(),
+        })?;
+        Self::from_gguf(file.metadata(), path)
+    }
+
+    /// The part shared by every constructor: special tokens, flags and derived id sets.
+    /// Templates load last so errors come in the order `from_dir` always reported them.
+    fn assemble(
+        inner: tokenizers::Tokenizer,
+        side: SideFiles<'_>,
+        load_templates: impl FnOnce() -> Result<Vec<(String, String)>, TokenizerError>,
+    ) -> Result<Tokenizer, TokenizerError> {
+        let SideFiles {
+            cfg,
+            cfg_path,
+            map,
+            map_path,
+        } = side;
 
         // tokenizer_config wins over special_tokens_map when it names a token, as in
         // transformers, where the map only fills in what the config leaves unset.
         let named = |field: &str| -> Result<Option<String>, TokenizerError> {
-            if let Some(c) = &cfg {
-                if let Some(v) = token_field(c, field, &cfg_path)? {
+            if let Some(c) = cfg {
+                if let Some(v) = token_field(c, field, cfg_path)? {
                     return Ok(Some(v));
                 }
             }
-            match &map {
-                Some(m) => token_field(m, field, &map_path),
+            match map {
+                Some(m) => token_field(m, field, map_path),
                 None => Ok(None),
             }
         };
@@ -126,11 +206,11 @@ impl Tokenizer {
         let unk = resolve(named("unk_token")?);
 
         let bool_field = |field: &str| -> Result<Option<bool>, TokenizerError> {
-            match cfg.as_ref().and_then(|c| c.get(field)) {
+            match cfg.and_then(|c| c.get(field)) {
                 None | Some(Json::Null) => Ok(None),
                 Some(Json::Bool(b)) => Ok(Some(*b)),
                 Some(other) => Err(config_error(
-                    &cfg_path,
+                    cfg_path,
                     field,
                     format!("expected a bool, got {other}"),
                 )),
@@ -142,7 +222,7 @@ impl Tokenizer {
             tracing::debug!("clean_up_tokenization_spaces=true is ignored; decoding follows tokenizer.json only");
         }
 
-        let chat_templates = load_chat_templates(dir, cfg.as_ref(), &cfg_path)?;
+        let chat_templates = load_templates()?;
 
         let added = inner.get_added_tokens_decoder();
         let decode_skipped: HashSet<u32> = added
@@ -160,7 +240,7 @@ impl Tokenizer {
                 .filter_map(|t| t.id),
         );
         for list_field in ["additional_special_tokens", "extra_special_tokens"] {
-            for source in [&cfg, &map].into_iter().flatten() {
+            for source in [cfg, map].into_iter().flatten() {
                 if let Some(Json::Array(items)) = source.get(list_field) {
                     for item in items {
                         let content = item
@@ -448,28 +528,7 @@ fn load_chat_templates(
     cfg: Option<&Json>,
     cfg_path: &Path,
 ) -> Result<Vec<(String, String)>, TokenizerError> {
-    let mut out: Vec<(String, String)> = Vec::new();
-    match cfg.and_then(|c| c.get("chat_template")) {
-        None | Some(Json::Null) => {}
-        Some(Json::String(s)) => out.push(("default".into(), s.clone())),
-        Some(Json::Array(items)) => {
-            for item in items {
-                let name = item.get("name").and_then(Json::as_str);
-                let template = item.get("template").and_then(Json::as_str);
-                match (name, template) {
-                    (Some(n), Some(t)) => out.push((n.to_string(), t.to_string())),
-                    _ => {
-                        let msg = "list entries must be objects with string `name` and `template`";
-                        return Err(config_error(cfg_path, "chat_template", msg.into()));
-                    }
-                }
-            }
-        }
-        Some(other) => {
-            let msg = format!("expected a string or a list, got {}", json_kind(other));
-            return Err(config_error(cfg_path, "chat_template", msg));
-        }
-    }
+    let mut out = config_chat_templates(cfg, cfg_path)?;
     if let Some(src) = read_optional_text(&dir.join("chat_template.jinja"))? {
         out.retain(|(n, _)| n != "default");
         out.insert(0, ("default".into(), src));
@@ -497,6 +556,37 @@ fn load_chat_templates(
             if let Some(s) = doc.get("chat_template").and_then(Json::as_str) {
                 out.insert(0, ("default".into(), s.to_string()));
             }
+        }
+    }
+    Ok(out)
+}
+
+/// The chat templates tokenizer_config's `chat_template` holds: a string (stored as
+/// "default") or a list of `{name, template}` entries.
+fn config_chat_templates(
+    cfg: Option<&Json>,
+    cfg_path: &Path,
+) -> Result<Vec<(String, String)>, TokenizerError> {
+    let mut out: Vec<(String, String)> = Vec::new();
+    match cfg.and_then(|c| c.get("chat_template")) {
+        None | Some(Json::Null) => {}
+        Some(Json::String(s)) => out.push(("default".into(), s.clone())),
+        Some(Json::Array(items)) => {
+            for item in items {
+                let name = item.get("name").and_then(Json::as_str);
+                let template = item.get("template").and_then(Json::as_str);
+                match (name, template) {
+                    (Some(n), Some(t)) => out.push((n.to_string(), t.to_string())),
+                    _ => {
+                        let msg = "list entries must be objects with string `name` and `template`";
+                        return Err(config_error(cfg_path, "chat_template", msg.into()));
+                    }
+                }
+            }
+        }
+        Some(other) => {
+            let msg = format!("expected a string or a list, got {}", json_kind(other));
+            return Err(config_error(cfg_path, "chat_template", msg));
         }
     }
     Ok(out)

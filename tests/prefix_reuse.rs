@@ -23,13 +23,14 @@ use ft_actor::kv::reuse::{PrefixStore, ReuseSettings};
 use ft_actor::server::ServerSettings;
 use ft_actor::tokenizer::Tokenizer;
 use serde_json::{json, Value};
+use std::path::Path;
 use server_common::{post, request, TestServer};
 
 const MAX_TOKENS: usize = 6;
 
-fn engine_config(model: &str, reuse: bool) -> EngineConfig {
+fn engine_config(model: &Path, reuse: bool) -> EngineConfig {
     EngineConfig {
-        model: Some(common::fixture(model).join("checkpoint")),
+        model: Some(model.to_path_buf()),
         backend: ft_actor::device::BackendChoice::Cpu,
         cpu_threads: Some(1),
         ctx_size: Some(2048),
@@ -207,12 +208,12 @@ struct ApiRun {
     prefilled: u64,
 }
 
-fn replay_api(server: &TestServer, transcript: &[(&str, Vec<Value>)]) -> Vec<ApiRun> {
+fn replay_api(server: &TestServer, model_id: &str, transcript: &[(&str, Vec<Value>)]) -> Vec<ApiRun> {
     transcript
         .iter()
         .map(|(_, messages)| {
             let before = prefill_total(&server.base);
-            let body = json!({"model": "checkpoint", "messages": openai_messages(messages), "max_tokens": MAX_TOKENS, "temperature": 0});
+            let body = json!({"model": model_id, "messages": openai_messages(messages), "max_tokens": MAX_TOKENS, "temperature": 0});
             let r = post(&server.base, "/v1/chat/completions", &body);
             assert_eq!(r.status, 200, "{}", r.body);
             let v = r.json();
@@ -221,9 +222,10 @@ fn replay_api(server: &TestServer, transcript: &[(&str, Vec<Value>)]) -> Vec<Api
         .collect()
 }
 
-fn check_transcript(model: &str) {
-    let dir = common::fixture(model).join("checkpoint");
-    let tok = Tokenizer::from_dir(&dir).expect("tokenizer");
+/// `model` names the fixture (its layer kinds decide the rules); `path` is what is served:
+/// its checkpoint folder or a GGUF made from it.
+fn check_transcript(model: &str, path: &Path) {
+    let tok = Tokenizer::open(path).expect("tokenizer");
     let template = ChatTemplate::from_tokenizer(&tok).expect("template");
     let transcript = transcript();
     let prompts: Vec<Vec<u32>> = transcript.iter().map(|(_, m)| render(&tok, &template, m)).collect();
@@ -236,8 +238,8 @@ fn check_transcript(model: &str) {
 
     let rt = rt();
     let (on, off) = rt.block_on(async {
-        let on = Engine::spawn(engine_config(model, true), None).await.expect("engine");
-        let off = Engine::spawn(engine_config(model, false), None).await.expect("engine");
+        let on = Engine::spawn(engine_config(path, true), None).await.expect("engine");
+        let off = Engine::spawn(engine_config(path, false), None).await.expect("engine");
         (on, off)
     });
     let recurrent = on.info().config.num_layers_of(ft_actor::model::config::LayerKind::LinearAttention) > 0;
@@ -290,10 +292,11 @@ fn check_transcript(model: &str) {
 
     // The same transcript through the HTTP API: same restore points, same responses.
     let settings = ServerSettings::default();
-    let api_on = TestServer::start(engine_config(model, true), settings.clone());
-    let api_off = TestServer::start(engine_config(model, false), settings);
-    let via_on = replay_api(&api_on, &transcript);
-    let via_off = replay_api(&api_off, &transcript);
+    let api_on = TestServer::start(engine_config(path, true), settings.clone());
+    let api_off = TestServer::start(engine_config(path, false), settings);
+    let model_id = ServerSettings::default().model_id(path, false);
+    let via_on = replay_api(&api_on, &model_id, &transcript);
+    let via_off = replay_api(&api_off, &model_id, &transcript);
     for (i, (name, _)) in transcript.iter().enumerate() {
         let (a, b) = (&via_on[i], &via_off[i]);
         assert_eq!(a.usage["prompt_tokens"], prompts[i].len(), "{model}, request {i}: the server renders the same prompt");
@@ -319,19 +322,28 @@ fn check_transcript(model: &str) {
 
 #[test]
 fn agent_transcript_attention_model() {
-    check_transcript("qwen3_moe");
+    check_transcript("qwen3_moe", &common::fixture("qwen3_moe").join("checkpoint"));
 }
 
 #[test]
 fn agent_transcript_hybrid_model_reuses_only_snapshots() {
-    check_transcript("qwen3_5_moe");
+    check_transcript("qwen3_5_moe", &common::fixture("qwen3_5_moe").join("checkpoint"));
+}
+
+/// The same transcript served from a Q8_0 GGUF of the fixture: its rebuilt tokenizer and
+/// chat template render the same prompts, and reuse follows the same rules.
+#[test]
+fn agent_transcript_gguf_model() {
+    let Some(py) = common::gguf_python() else { return };
+    let (gguf, _) = common::gguf_convert(&py, &common::fixture("qwen3_moe").join("checkpoint"), "prefix-reuse", "q8_0", &[]);
+    check_transcript("qwen3_moe", &gguf);
 }
 
 /// Anthropic's API reports the reused prompt tokens as `cache_read_input_tokens` and the
 /// rest as `input_tokens`.
 #[test]
 fn anthropic_messages_report_cache_reads() {
-    let server = TestServer::start(engine_config("qwen3_moe", true), ServerSettings::default());
+    let server = TestServer::start(engine_config(&common::fixture("qwen3_moe").join("checkpoint"), true), ServerSettings::default());
     let system = "You are a careful coding agent. Answer briefly.";
     let first = vec![json!({"role": "user", "content": "Which file holds the parser?"})];
     let second = [first.clone(), vec![json!({"role": "assistant", "content": "src/parser.rs"}), json!({"role": "user", "content": "Open it."})]].concat();

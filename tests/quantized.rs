@@ -43,27 +43,11 @@ fn quantized(test: &str, name: &str, format: QuantFormat) -> (PathBuf, PathBuf) 
     (out, twin)
 }
 
-fn load_dir(dir: &Path) -> Model {
-    Model::load(dir, cpu_backend(), &mut |_, _| {}).unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
-}
-
-fn greedy(model: &Model, prompt: &[u32], n: usize) -> Vec<u32> {
-    let mut state = SequenceState::new(model, prompt.len() + n).unwrap();
-    let mut logits = model.forward(&mut state, prompt, Logits::Last).unwrap();
-    let mut out = vec![];
-    for _ in 0..n {
-        let t = argmax(&logits);
-        out.push(t);
-        logits = model.forward(&mut state, &[t], Logits::Last).unwrap();
-    }
-    out
-}
-
 #[test]
 fn quantized_fixtures_match_their_dequantized_twins() {
     for (name, format, dtype) in CASES {
         let (q, twin) = quantized("twins", name, format);
-        let (mq, mt) = (load_dir(&q), load_dir(&twin));
+        let (mq, mt) = (load_path(&q), load_path(&twin));
         let layer = mq.config().moe_layers.iter().position(|m| *m).unwrap();
         let e = &mq.experts(layer)[0];
         assert_eq!((e.gate.dtype, e.down.dtype), (dtype, dtype), "{name} {format:?}: experts stay packed");
@@ -93,7 +77,7 @@ fn quantized_fixtures_through_the_pipeline_in_every_mode() {
     for (name, format) in [("qwen3_moe", QuantFormat::Nvfp4), ("deepseek_v3", QuantFormat::Fp8), ("gpt_oss", QuantFormat::Mxfp4)] {
         let (q, twin) = quantized("pipeline", name, format);
         let prompt = prompts(&reference_json(name))[2].clone();
-        let want = greedy(&load_dir(&twin), &prompt, 12);
+        let want = greedy(&load_path(&twin), &prompt, 12);
         let cfg = ft_actor::model::ModelConfig::from_dir(&q).unwrap();
         let all = (cfg.num_experts * cfg.num_moe_layers()) as u64;
         for slots in [0, all / 2] {
@@ -220,7 +204,7 @@ fn quantize_refuses_to_overwrite_and_names_unsupported_formats() {
     let mut c: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&cfg).unwrap()).unwrap();
     c.as_object_mut().unwrap().remove("quantization_config");
     std::fs::write(&cfg, serde_json::to_string(&c).unwrap()).unwrap();
-    let m = load_dir(&q);
+    let m = load_path(&q);
     let layer = m.config().moe_layers.iter().position(|m| *m).unwrap();
     assert_eq!(m.experts(layer)[0].gate.dtype, DType::Nvfp4);
     let _ = std::fs::remove_dir_all(q.parent().unwrap());
@@ -254,7 +238,7 @@ fn compressed_tensors_nvfp4_matches_modelopt() {
     let _ = std::fs::remove_file(q.join("model.safetensors.index.json"));
     let _ = std::fs::remove_file(q.join("hf_quant_config.json"));
     set_quant_config(&q, serde_json::json!({"quant_method": "compressed-tensors", "format": "nvfp4-pack-quantized", "ignore": ["lm_head"]}));
-    let (mq, mt) = (load_dir(&q), load_dir(&twin));
+    let (mq, mt) = (load_path(&q), load_path(&twin));
     let layer = mq.config().moe_layers.iter().position(|m| *m).unwrap();
     assert_eq!(mq.experts(layer)[0].gate.dtype, DType::Nvfp4);
     let ids = &prompts(&reference_json("qwen3_moe"))[0];

@@ -148,3 +148,22 @@ fn cli_generate_on_wgpu_gives_greedy_tokens() {
     let want: Vec<u32> = r["generation"][1]["new_ids"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect();
     assert_eq!(got, want, "greedy tokens through the CLI");
 }
+
+/// GGUF block types on the wgpu backend (its in-shader block decode): logits equal the CPU
+/// backend's on the same file within [`LOGIT_TOL`], greedy tokens identical.
+#[test]
+fn gguf_block_types_on_wgpu() {
+    let Some(be) = wgpu("gguf_block_types_on_wgpu") else { return };
+    let Some(py) = gguf_python() else { return };
+    let ids = &prompts(&reference_json("qwen3_moe"))[0];
+    for kind in ["q8_0", "q4_0", "mxfp4"] {
+        let (gguf, _) = gguf_convert(&py, &fixture("qwen3_moe").join("checkpoint"), &format!("wgpu-{kind}"), kind, &[]);
+        let on_gpu = Model::load(&gguf, be.clone(), &mut |_, _| {}).unwrap_or_else(|e| panic!("{kind} on wgpu: {e}"));
+        let on_cpu = load_path(&gguf);
+        let mut sg = SequenceState::new(&on_gpu, ids.len()).unwrap();
+        let mut sc = SequenceState::new(&on_cpu, ids.len()).unwrap();
+        let d = max_abs_diff(&on_gpu.forward(&mut sg, ids, Logits::All).unwrap(), &on_cpu.forward(&mut sc, ids, Logits::All).unwrap());
+        assert!(d <= LOGIT_TOL, "{kind}: wgpu logits differ from the CPU's by {d}");
+        assert_eq!(greedy(&on_gpu, ids, 8), greedy(&on_cpu, ids, 8), "{kind}: greedy tokens on wgpu");
+    }
+}

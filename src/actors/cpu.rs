@@ -54,6 +54,7 @@ pub struct CpuExecutors;
 
 fn mat(pool: &ThreadPool, level: SimdLevel, x: &[f32], n: usize, m: &HostMatrix) -> Result<Vec<f32>, String> {
     let mut out = vec![0f32; n * m.rows];
+    crate::model::reads::add(m.bytes.len());
     kernels::matmul(pool, level, x, n, m.cols, m.bytes.as_slice(), m.dtype, m.rows, &mut out).map_err(|e| e.to_string())?;
     Ok(out)
 }

@@ -185,11 +185,13 @@ impl Worker {
         };
         let start = Instant::now();
         let messaging_before = self.run.messaging_s;
+        let read_before = crate::model::reads::total();
         let logits = if prompt { self.prefill(seq, &tokens, cached)? } else { self.forward(seq, &tokens, Logits::Last)? };
         self.dev.steps += 1;
         if !prompt {
             self.dev.decode_steps += 1;
             self.dev.decode_s += start.elapsed().as_secs_f64();
+            self.dev.decode_weight_bytes += crate::model::reads::total() - read_before;
             self.dev.actor_overhead_s += self.run.messaging_s - messaging_before;
             let s = self.seqs.get_mut(&seq).ok_or("unknown sequence")?;
             if self.args.reuse.anchor_after_decode(tokens[0], s.state.len(), s.last_anchor) {

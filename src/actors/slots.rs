@@ -15,14 +15,31 @@ pub struct ExpertShape {
     pub inter: usize,
     /// Hidden size.
     pub hidden: usize,
-    /// Weight dtype.
-    pub dtype: DType,
+    /// Storage types of gate, up and down: for each, the widest any layer uses, so that one
+    /// slot holds any layer's expert.
+    pub dtypes: [DType; 3],
 }
 
 impl ExpertShape {
-    /// Bytes of one expert (rows of quantized types padded to whole blocks).
+    /// Bytes of one expert slot (rows of quantized types padded to whole blocks).
     pub fn bytes(&self) -> u64 {
-        (2 * self.inter * self.dtype.row_bytes(self.hidden) + self.hidden * self.dtype.row_bytes(self.inter)) as u64
+        let [g, u, d] = self.dtypes;
+        (self.inter * (g.row_bytes(self.hidden) + u.row_bytes(self.hidden)) + self.hidden * d.row_bytes(self.inter)) as u64
+    }
+
+    /// The shape whose slots hold every expert of `experts` (all layers).
+    pub fn covering<'a>(inter: usize, hidden: usize, experts: impl Iterator<Item = &'a ExpertWeights>) -> ExpertShape {
+        let mut dtypes = [DType::F32; 3];
+        let mut widest = [0usize; 3];
+        for e in experts {
+            for (i, m) in [&e.gate, &e.up, &e.down].into_iter().enumerate() {
+                if widest[i] == 0 || m.size_bytes() > widest[i] {
+                    widest[i] = m.size_bytes();
+                    dtypes[i] = m.dtype;
+                }
+            }
+        }
+        ExpertShape { inter, hidden, dtypes }
     }
 }
 
@@ -44,18 +61,21 @@ pub struct SlotPool {
 }
 
 fn alloc_expert(be: &dyn Backend, s: ExpertShape) -> Result<ExpertBuffers, BackendError> {
+    let [g, u, d] = s.dtypes;
     Ok(ExpertBuffers {
-        gate: be.alloc(s.dtype, s.inter * s.dtype.padded(s.hidden), BufferUsage::ExpertSlot)?,
-        up: be.alloc(s.dtype, s.inter * s.dtype.padded(s.hidden), BufferUsage::ExpertSlot)?,
-        down: be.alloc(s.dtype, s.hidden * s.dtype.padded(s.inter), BufferUsage::ExpertSlot)?,
+        gate: be.alloc(g, s.inter * g.padded(s.hidden), BufferUsage::ExpertSlot)?,
+        up: be.alloc(u, s.inter * u.padded(s.hidden), BufferUsage::ExpertSlot)?,
+        down: be.alloc(d, s.hidden * d.padded(s.inter), BufferUsage::ExpertSlot)?,
     })
 }
 
 /// Copies one expert's host matrices into device buffers on `stream`.
 pub fn upload_expert(be: &dyn Backend, stream: StreamId, w: &ExpertWeights, dst: &mut ExpertBuffers) -> Result<u64, BackendError> {
-    be.upload(stream, w.gate.bytes.as_slice(), &mut dst.gate, 0)?;
-    be.upload(stream, w.up.bytes.as_slice(), &mut dst.up, 0)?;
-    be.upload(stream, w.down.bytes.as_slice(), &mut dst.down, 0)?;
+    for (m, buf) in [(&w.gate, &mut dst.gate), (&w.up, &mut dst.up), (&w.down, &mut dst.down)] {
+        // The slot may last have held a layer stored in another block type.
+        buf.retype(m.dtype, m.rows * m.dtype.padded(m.cols))?;
+        be.upload(stream, m.bytes.as_slice(), buf, 0)?;
+    }
     Ok(w.size_bytes() as u64)
 }
 

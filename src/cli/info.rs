@@ -47,6 +47,7 @@ pub fn run(a: InfoArgs) -> Result<()> {
             "context": info.context,
             "total_params": st.total_params, "active_params": st.active_params,
             "bytes_per_expert": st.bytes_per_expert, "expert_format": st.expert_format,
+            "bytes_by_format": st.bytes_by_format.iter().map(|(f, b)| (f.to_string(), serde_json::json!(b))).collect::<serde_json::Map<_, _>>(),
             "non_expert_bytes": st.non_expert_bytes, "expert_bytes": st.expert_bytes,
             "bytes_per_token": st.bytes_per_token,
             "kv_bytes_per_token": st.kv_bytes_per_token,
@@ -80,6 +81,7 @@ pub fn run(a: InfoArgs) -> Result<()> {
     println!("parameters       {} total, {} active per token", count(st.total_params), count(st.active_params));
     println!("bytes per expert {} ({})", format_bytes(st.bytes_per_expert), st.expert_format);
     println!("weights          {} non-expert (device), {} experts (host pool)", format_bytes(st.non_expert_bytes), format_bytes(st.expert_bytes));
+    println!("formats          {}", st.bytes_by_format.iter().map(|(f, b)| format!("{f} {}", format_bytes(*b))).collect::<Vec<_>>().join(", "));
     println!("read per token   {} (decode, batch 1)", format_bytes(st.bytes_per_token));
     println!("KV cache         {} per token; context {}", format_bytes(st.kv_bytes_per_token), info.context);
     if st.state_bytes_per_sequence > 0 {

@@ -259,6 +259,9 @@ pub struct EngineStats {
     pub decode_steps: u64,
     /// Seconds of decode step wall time.
     pub decode_s: f64,
+    /// Weight bytes the decode steps read, from [`crate::model::reads`] (process-wide: exact
+    /// while one engine runs in the process).
+    pub decode_weight_bytes: u64,
     /// Seconds of decode wall time spent in actor messaging (round trips and queueing).
     pub actor_overhead_s: f64,
     /// Tokens generated.

@@ -19,7 +19,7 @@ use crate::model::config::LayerKind;
 use crate::model::Model;
 use crate::policy::{self, plan_memory, BandwidthProfile, KvReserve, MemoryInputs, SplitCosts, VramBudget};
 use crate::tokenizer::Tokenizer;
-use ft_backend::{Backend, BackendKind, DType};
+use ft_backend::{Backend, BackendKind};
 use ractor::Actor;
 use std::sync::Arc;
 use std::time::Instant;
@@ -56,9 +56,6 @@ fn measure_bandwidths(be: &dyn Backend, host: &HostExperts, shape: ExpertShape, 
     Ok((bytes / best_p.max(1e-9), bytes / best_h.max(1e-9)))
 }
 
-fn weight_dtype(model: &Model) -> DType {
-    model.experts(model.config().moe_layers.iter().position(|m| *m).unwrap_or(0)).first().map_or(DType::F32, |e| e.gate.dtype)
-}
 
 pub(super) async fn spawn(
     config: EngineConfig,
@@ -77,7 +74,7 @@ pub(super) async fn spawn(
         .map_err(start_err)?
         .map_err(start_err)?;
     let model = Arc::new(model);
-    let tokenizer = match Tokenizer::from_dir(&dir) {
+    let tokenizer = match Tokenizer::open(&dir) {
         Ok(t) => Some(Arc::new(t)),
         Err(e) => {
             tracing::warn!("no tokenizer ({e}): the engine takes and returns token ids only");
@@ -96,8 +93,9 @@ pub(super) async fn spawn(
     let context = config.ctx_size.unwrap_or(cfg.max_position_embeddings).max(1);
     let threads = config.cpu_threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
     let host: HostExperts = Arc::new((0..cfg.num_layers).map(|l| model.experts(l).to_vec()).collect());
-    let dtype = weight_dtype(&model);
-    let shape = ExpertShape { inter: cfg.moe_intermediate_size, hidden: cfg.hidden_size, dtype };
+    let shape = ExpertShape::covering(cfg.moe_intermediate_size, cfg.hidden_size, host.iter().flatten());
+    // The profile key names the experts' main format (the gate's).
+    let dtype = shape.dtypes[0];
 
     // With the CPU as the device, cached copies of experts would live in the same memory as
     // the host pool: the default is no cache, every expert computed from the mapped file.
@@ -124,7 +122,7 @@ pub(super) async fn spawn(
         scratch_bytes: (64 << 20)
             + st.state_bytes_per_sequence * config.max_active as u64
             + if cpu_device { 0 } else { reuse_device },
-        expert_bytes: st.bytes_per_expert,
+        expert_bytes: shape.bytes(),
         experts_per_layer: cfg.num_experts as u64,
         moe_layers: cfg.num_moe_layers() as u64,
         streaming_prefill: config.prefill != PrefillMode::Decode,

@@ -1,6 +1,7 @@
 //! The plain reference forward pass: one layer after another on the backend, experts
 //! straight from host memory. It stays as the oracle the actor pipeline is checked against.
 
+use crate::model::reads;
 use super::config::ExpertActivation;
 use super::routing::{route, Routing};
 use super::weights::{ExpertWeights, FeedForward, Mixer, MoeWeights, Mlp};
@@ -150,11 +151,11 @@ pub fn expert_forward_with(
 ) -> Result<DeviceBuffer, ModelError> {
     let mut g = scratch(be, n * inter)?;
     let mut u = scratch(be, n * inter)?;
-    be.matmul(xs, &w.gate, extras.gate_bias.as_ref(), &mut g, &MatmulDesc::new(n, hidden, inter))?;
-    be.matmul(xs, &w.up, extras.up_bias.as_ref(), &mut u, &MatmulDesc::new(n, hidden, inter))?;
+    reads::matmul(be, xs, &w.gate, extras.gate_bias.as_ref(), &mut g, &MatmulDesc::new(n, hidden, inter))?;
+    reads::matmul(be, xs, &w.up, extras.up_bias.as_ref(), &mut u, &MatmulDesc::new(n, hidden, inter))?;
     be.binary(extras.activation.binary_op(), &mut g, &u, n * inter)?;
     let mut y = scratch(be, n * hidden)?;
-    be.matmul(&g, &w.down, extras.down_bias.as_ref(), &mut y, &MatmulDesc::new(n, inter, hidden))?;
+    reads::matmul(be, &g, &w.down, extras.down_bias.as_ref(), &mut y, &MatmulDesc::new(n, inter, hidden))?;
     Ok(y)
 }
 
@@ -262,7 +263,7 @@ impl Model {
         let mut final_normed = scratch(be, n * h)?;
         be.rms_norm(&picked, &self.final_norm, &mut final_normed, &RmsNormDesc { rows: n, ..norm })?;
         let mut out = scratch(be, n * cfg.vocab_size)?;
-        be.matmul(&final_normed, self.lm_head(), None, &mut out, &MatmulDesc::new(n, h, cfg.vocab_size))?;
+        reads::matmul(be, &final_normed, self.lm_head(), None, &mut out, &MatmulDesc::new(n, h, cfg.vocab_size))?;
         download_f32(be, &out, n * cfg.vocab_size)
     }
 

@@ -36,6 +36,10 @@ pub struct GenerationConfig {
 impl GenerationConfig {
     /// Reads `<dir>/generation_config.json`; absent file → defaults.
     pub fn from_dir(dir: &Path) -> Result<GenerationConfig, GenerationConfigError> {
+        // A GGUF file carries no sampling defaults; its end tokens come with its tokenizer.
+        if super::gguf::is_gguf(dir) {
+            return Ok(Self::default());
+        }
         let path = dir.join("generation_config.json");
         let text = match std::fs::read_to_string(&path) {
             Ok(t) => t,

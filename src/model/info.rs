@@ -17,8 +17,11 @@ pub struct ModelStats {
     pub params_per_expert: u64,
     /// Bytes of one routed expert in its checkpoint dtype (packed, for quantized ones).
     pub bytes_per_expert: u64,
-    /// The routed experts' weight format (`bf16`, `fp8`, `nvfp4`, …).
-    pub expert_format: &'static str,
+    /// The routed experts' weight format (`bf16`, `fp8`, `nvfp4`, …; `q4_k/q4_k/q6_k` for
+    /// gate/up/down when they differ, as in a GGUF Q4_K_M).
+    pub expert_format: String,
+    /// Bytes of all weights by storage format, largest first.
+    pub bytes_by_format: Vec<(&'static str, u64)>,
     /// Bytes of all non-expert weights (device resident).
     pub non_expert_bytes: u64,
     /// Bytes of all routed experts (host pool).
@@ -43,7 +46,13 @@ fn buffer(b: &DeviceBuffer) -> (u64, u64) {
 
 /// Parameters and bytes of a layer's token mixer.
 fn mixer(m: &Mixer) -> (u64, u64) {
-    let (lin, bufs): (Vec<&Linear>, Vec<&DeviceBuffer>) = match m {
+    let (lin, bufs) = mixer_parts(m);
+    lin.into_iter().map(linear).chain(bufs.into_iter().map(buffer)).fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1))
+}
+
+/// The linear layers and other buffers of a token mixer.
+fn mixer_parts(m: &Mixer) -> (Vec<&Linear>, Vec<&DeviceBuffer>) {
+    match m {
         Mixer::Attention(a) => (vec![&a.q, &a.k, &a.v, &a.o], [&a.q_norm, &a.k_norm, &a.sinks].into_iter().flatten().collect()),
         Mixer::Mla(a) => {
             let mut l = vec![&a.q_b, &a.kv_a, &a.o];
@@ -59,8 +68,51 @@ fn mixer(m: &Mixer) -> (u64, u64) {
             };
             (vec![&d.out].into_iter().chain(l).collect(), vec![&d.conv, &d.a_log, &d.dt_bias, &d.norm])
         }
-    };
-    lin.into_iter().map(linear).chain(bufs.into_iter().map(buffer)).fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1))
+    }
+}
+
+/// Bytes of all weights by storage format (`q4_k`, `bf16`, …), largest first: a GGUF's
+/// Q4_K_M, say, mixes Q4_K, Q6_K and f32 tensors.
+pub fn bytes_by_format(model: &Model) -> Vec<(&'static str, u64)> {
+    let mut acc: std::collections::BTreeMap<&'static str, u64> = Default::default();
+    let mut add = |d: ft_backend::DType, bytes: usize| *acc.entry(d.name()).or_default() += bytes as u64;
+    let mut add_buf = |b: &DeviceBuffer| add(b.dtype(), b.size_bytes());
+    add_buf(&model.embed);
+    add_buf(&model.final_norm);
+    let mut linears: Vec<&Linear> = model.lm_head.iter().collect();
+    let mut bufs: Vec<&DeviceBuffer> = vec![];
+    let mut host: Vec<&super::weights::HostMatrix> = vec![];
+    for layer in model.layers() {
+        bufs.extend([&layer.input_norm, &layer.post_attention_norm]);
+        let (l, b) = mixer_parts(&layer.mixer);
+        linears.extend(l);
+        bufs.extend(b);
+        match &layer.ffn {
+            FeedForward::Dense(m) => linears.extend([&m.gate, &m.up, &m.down]),
+            FeedForward::Moe(moe) => {
+                linears.push(&moe.router);
+                linears.extend(moe.shared.iter().flat_map(|m| [&m.gate, &m.up, &m.down]));
+                linears.extend(&moe.shared_gate);
+                host.extend(moe.experts.iter().flat_map(|e| [&e.gate, &e.up, &e.down]));
+            }
+        }
+    }
+    for l in linears {
+        add_buf(&l.w);
+        bufs.extend(&l.bias);
+    }
+    for b in bufs {
+        add_buf(b);
+    }
+    let mut out: Vec<(&'static str, u64)> = acc.into_iter().collect();
+    for m in host {
+        match out.iter_mut().find(|(n, _)| *n == m.dtype.name()) {
+            Some(e) => e.1 += m.size_bytes() as u64,
+            None => out.push((m.dtype.name(), m.size_bytes() as u64)),
+        }
+    }
+    out.sort_by(|a, b| b.1.cmp(&a.1));
+    out
 }
 
 fn mlp(m: &Mlp) -> (u64, u64) {
@@ -71,7 +123,7 @@ fn mlp(m: &Mlp) -> (u64, u64) {
 pub fn stats(model: &Model) -> ModelStats {
     let cfg = model.config();
     let mut dense = (model.embed.len() as u64 + model.final_norm.len() as u64, model.embed.size_bytes() as u64 + model.final_norm.size_bytes() as u64);
-    let mut expert_format = "none";
+    let mut expert_format = String::from("none");
     let add = |acc: &mut (u64, u64), x: (u64, u64)| {
         acc.0 += x.0;
         acc.1 += x.1;
@@ -104,7 +156,10 @@ pub fn stats(model: &Model) -> ModelStats {
                     total_experts += 1;
                     per_expert_params = p;
                     per_expert_bytes = e.size_bytes() as u64;
-                    expert_format = e.gate.dtype.name();
+                    let (g, u, d) = (e.gate.dtype.name(), e.up.dtype.name(), e.down.dtype.name());
+                    if expert_format == "none" {
+                        expert_format = if g == u && u == d { g.to_string() } else { format!("{g}/{u}/{d}") };
+                    }
                 }
                 active_expert_params += per_expert_params * cfg.top_k as u64;
                 active_expert_bytes += per_expert_bytes * cfg.top_k as u64;
@@ -122,6 +177,7 @@ pub fn stats(model: &Model) -> ModelStats {
         params_per_expert: per_expert_params,
         bytes_per_expert: per_expert_bytes,
         expert_format,
+        bytes_by_format: bytes_by_format(model),
         non_expert_bytes: dense.1,
         expert_bytes,
         total_experts,

@@ -1,11 +1,14 @@
 //! Model definitions and loading: config, weights, architectures and the reference forward.
 
+pub mod arch;
 pub mod config;
 pub mod forward;
 pub mod generation_config;
+pub mod gguf;
 pub mod info;
 mod load;
 pub mod quant;
+pub mod reads;
 mod mixer;
 pub mod rope;
 pub mod routing;
@@ -45,6 +48,9 @@ pub enum ModelError {
     /// A quantized checkpoint the engine cannot read.
     #[error(transparent)]
     Quant(#[from] quant::QuantError),
+    /// A GGUF file the engine cannot read.
+    #[error(transparent)]
+    Gguf(gguf::GgufError),
 }
 
 /// A loaded model: config, device weights and the host expert pool.
@@ -65,12 +71,16 @@ pub struct Model {
 impl Model {
     /// Loads the checkpoint in `dir` onto `backend`. `progress(done, total)` is called per tensor.
     pub fn load(dir: &Path, backend: Arc<dyn Backend>, progress: &mut dyn FnMut(usize, usize)) -> Result<Model, ModelError> {
-        if !dir.is_dir() {
-            return Err(ModelError::NoFolder(dir.to_path_buf()));
-        }
-        let config = ModelConfig::from_dir(dir)?;
-        let files = WeightFiles::open(dir)?;
-        let quant = quant::QuantScheme::from_dir(dir)?;
+        let (config, files, quant) = if gguf::is_gguf(dir) {
+            let g = gguf::load::GgufModel::open(dir)?;
+            let files = g.weight_files()?;
+            (g.config, files, quant::QuantScheme::None)
+        } else {
+            if !dir.is_dir() {
+                return Err(ModelError::NoFolder(dir.to_path_buf()));
+            }
+            (ModelConfig::from_dir(dir)?, WeightFiles::open(dir)?, quant::QuantScheme::from_dir(dir)?)
+        };
         let total = files.names().count();
         let mut done = 0usize;
         let mut on_tensor = |_: &str| {
@@ -80,7 +90,7 @@ impl Model {
         let (h, v) = (config.hidden_size, config.vocab_size);
         let prefix = load::weight_prefix(&files);
         let mut loader = Loader { files: &files, quant: &quant, backend: backend.as_ref(), on_tensor: &mut on_tensor };
-        let embed = loader.matrix(&format!("{prefix}embed_tokens.weight"), v, h)?;
+        let embed = loader.embedding(&format!("{prefix}embed_tokens.weight"), v, h)?;
         let layers = (0..config.num_layers).map(|i| loader.layer(&config, prefix, i)).collect::<Result<Vec<_>, _>>()?;
         let final_norm = loader.vector(&format!("{prefix}norm.weight"), h)?;
         let lm_head = if config.tie_word_embeddings && !files.contains("lm_head.weight") {

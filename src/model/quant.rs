@@ -12,7 +12,7 @@
 //! value is re-rounded. The packed matrices are owned memory (the scales live in separate
 //! tensors of the file, so a mapped view cannot hold both).
 
-use super::weights_file::{FileDType, RawTensor, WeightFiles};
+use super::weights_file::{FileDType, RawTensor, WeightFiles, WeightsError};
 use ft_backend::{DType, HostBytes};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
@@ -156,6 +156,13 @@ pub fn load_matrix(files: &WeightFiles, scheme: &QuantScheme, base: &str, rows: 
     match files.file_dtype(&name) {
         Some(FileDType::F8E4M3) => Ok(fp8(files, scheme, base, rows, cols)?),
         Some(FileDType::U8) if files.contains(&format!("{base}.weight_scale_2")) => Ok(modelopt_nvfp4(files, base, rows, cols)?),
+        Some(FileDType::Packed(dtype)) => {
+            let t = raw(files, &name)?;
+            if t.shape != [rows, cols] || t.bytes.len() != rows * dtype.row_bytes(cols) {
+                return Err(WeightsError::Shape { name, found: t.shape, expected: vec![rows, cols] }.into());
+            }
+            Ok(PackedMatrix { bytes: t.bytes, dtype })
+        }
         _ => {
             let t = files.get_shaped(&name, &[rows, cols])?;
             Ok(PackedMatrix { bytes: t.bytes, dtype: t.dtype })

@@ -5,6 +5,7 @@
 //! the scheduler decides what reaches the device. How each architecture names and lays out
 //! its tensors is in [`super::load`].
 
+use crate::model::reads;
 use super::routing::RouterParams;
 use super::weights_file::{TensorRef, WeightFiles};
 use super::ModelError;
@@ -86,7 +87,7 @@ pub struct Linear {
 impl Linear {
     /// `out[n, out_dim] = x[n, in_dim] · Wᵀ + b`.
     pub fn forward(&self, be: &dyn Backend, x: &DeviceBuffer, out: &mut DeviceBuffer, n: usize) -> Result<(), ModelError> {
-        be.matmul(x, &self.w, self.bias.as_ref(), out, &MatmulDesc::new(n, self.in_dim, self.out_dim))?;
+        reads::matmul(be, x, &self.w, self.bias.as_ref(), out, &MatmulDesc::new(n, self.in_dim, self.out_dim))?;
         Ok(())
     }
     /// Bytes of weights (and bias).
@@ -263,6 +264,14 @@ impl Loader<'_> {
                 m.dtype
             )));
         }
+        Ok(self.backend.import_host(m.bytes, m.dtype, BufferUsage::Weights)?)
+    }
+
+    /// The token embedding table: rows are gathered one by one, which the backends do only
+    /// for plain dtypes, so a block-quantized table (GGUF files quantize it) is dequantized to
+    /// f32 once here.
+    pub fn embedding(&mut self, name: &str, vocab: usize, hidden: usize) -> Result<DeviceBuffer, ModelError> {
+        let m = self.dense(name, vocab, hidden)?;
         Ok(self.backend.import_host(m.bytes, m.dtype, BufferUsage::Weights)?)
     }
 

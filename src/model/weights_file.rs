@@ -27,12 +27,19 @@ pub enum WeightsError {
     /// A tensor the model needs is absent.
     #[error("tensor `{name}` not found in {dir}")]
     MissingTensor { name: String, dir: PathBuf },
+    /// A tensor the model needs is absent from a file that names tensors its own way (GGUF).
+    #[error("tensor `{theirs}` not found in {path} (the model loader needs it as `{name}`)")]
+    MissingAs { theirs: String, name: String, path: PathBuf },
     /// A tensor has a shape other than the config implies.
     #[error("tensor `{name}` has shape {found:?}, expected {expected:?} (from config.json)")]
     Shape { name: String, found: Vec<usize>, expected: Vec<usize> },
     /// A tensor's element type is not one the engine computes with.
     #[error("tensor `{name}` has dtype {dtype}, which is not supported (supported: F32, F16, BF16, and F8_E4M3/U8 with the scales of a quantization_config)")]
     DType { name: String, dtype: String },
+    /// A tensor another container's loader could not offer (the message names tensor, type
+    /// and file).
+    #[error("{0}")]
+    Unreadable(String),
 }
 
 /// The element type of a tensor as the safetensors header names it.
@@ -50,6 +57,9 @@ pub enum FileDType {
     I32,
     /// `I64`.
     I64,
+    /// Already in one of the engine's block layouts (GGUF's block types are stored as the
+    /// engine computes with them); the shape counts values, not blocks.
+    Packed(DType),
 }
 
 impl FileDType {
@@ -74,6 +84,7 @@ impl FileDType {
             FileDType::F8E4M3 | FileDType::U8 | FileDType::I8 => 1,
             FileDType::I32 => 4,
             FileDType::I64 => 8,
+            FileDType::Packed(d) => d.size(),
         }
     }
     /// The safetensors tag.
@@ -87,6 +98,7 @@ impl FileDType {
             FileDType::I8 => "I8",
             FileDType::I32 => "I32",
             FileDType::I64 => "I64",
+            FileDType::Packed(d) => d.name(),
         }
     }
 }
@@ -152,20 +164,47 @@ impl TensorRef {
 
 struct Entry {
     file: usize,
-    dtype: Result<FileDType, String>,
+    dtype: Result<FileDType, Unreadable>,
     shape: Vec<usize>,
-    start: usize,
-    end: usize,
+    bytes: HostBytes,
+}
+
+/// Why a tensor's element type cannot be read.
+#[derive(Clone, Debug)]
+enum Unreadable {
+    /// A safetensors dtype tag the engine does not know.
+    Tag(String),
+    /// A whole message from another container's loader.
+    Message(String),
+}
+
+/// A tensor handed to [`WeightFiles::from_entries`] by a loader for another container (GGUF).
+pub struct ExternalTensor {
+    /// The Hugging Face name the model loader asks for.
+    pub name: String,
+    /// Index into the file list given alongside.
+    pub file: usize,
+    /// Element type as the engine reads it, or the message to report if the model reads it.
+    pub dtype: Result<FileDType, String>,
+    /// Shape, outermost first (rows, columns for a matrix).
+    pub shape: Vec<usize>,
+    /// The bytes: a view of a mapped file, or owned where the layout had to be converted.
+    pub bytes: HostBytes,
 }
 
 /// All tensors of a checkpoint folder.
 pub struct WeightFiles {
     dir: PathBuf,
-    maps: Vec<Arc<Mmap>>,
+    total_bytes: u64,
     files: Vec<PathBuf>,
     entries: HashMap<String, Entry>,
     used: Mutex<std::collections::HashSet<String>>,
+    /// For tensors named after another container's (GGUF): the name a missing tensor has there.
+    missing_name: Option<MissingName>,
 }
+
+/// Maps a checkpoint tensor name to the name the user's file would hold it under.
+pub type MissingName = Box<dyn Fn(&str) -> Option<String> + Send + Sync>;
 
 impl WeightFiles {
     /// Maps every safetensors file of `dir` (through `model.safetensors.index.json` when present).
@@ -208,10 +247,11 @@ impl WeightFiles {
         }
         let mut out = WeightFiles {
             dir: dir.to_path_buf(),
-            maps: vec![],
+            total_bytes: 0,
             files: vec![],
             entries: HashMap::new(),
             used: Mutex::new(Default::default()),
+            missing_name: None,
         };
         for path in files {
             out.add_file(path)?;
@@ -223,13 +263,32 @@ impl WeightFiles {
     pub fn open_file(path: &Path) -> Result<WeightFiles, WeightsError> {
         let mut out = WeightFiles {
             dir: path.parent().unwrap_or(Path::new(".")).to_path_buf(),
-            maps: vec![],
+            total_bytes: 0,
             files: vec![],
             entries: HashMap::new(),
             used: Mutex::new(Default::default()),
+            missing_name: None,
         };
         out.add_file(path.to_path_buf())?;
         Ok(out)
+    }
+
+    /// Tensors another container's loader has mapped and named as the checkpoint folder would
+    /// (`source` is what the user gave, `files` the files they come from, `total_bytes` their
+    /// size; `missing_name` names a missing tensor as that container would).
+    pub fn from_entries(source: &Path, files: Vec<PathBuf>, total_bytes: u64, tensors: Vec<ExternalTensor>, missing_name: MissingName) -> Result<WeightFiles, WeightsError> {
+        let mut entries = HashMap::new();
+        for t in tensors {
+            if t.file >= files.len() {
+                return Err(WeightsError::Format { path: source.to_path_buf(), problem: format!("`{}` refers to file {} of {}", t.name, t.file, files.len()) });
+            }
+            let name = t.name.clone();
+            let entry = Entry { file: t.file, dtype: t.dtype.map_err(Unreadable::Message), shape: t.shape, bytes: t.bytes };
+            if entries.insert(name.clone(), entry).is_some() {
+                return Err(WeightsError::Format { path: files[t.file].clone(), problem: format!("two tensors map to `{name}`") });
+            }
+        }
+        Ok(WeightFiles { dir: source.to_path_buf(), total_bytes, files, entries, used: Mutex::new(Default::default()), missing_name: Some(missing_name) })
     }
 
     fn add_file(&mut self, path: PathBuf) -> Result<(), WeightsError> {
@@ -248,7 +307,8 @@ impl WeightFiles {
         let header: BTreeMap<String, serde_json::Value> = serde_json::from_slice(&map[8..data_start])
             .map_err(|e| bad(format!("header is not valid JSON: {e}")))?;
         let data_len = map.len() - data_start;
-        let file_idx = self.maps.len();
+        let file_idx = self.files.len();
+        let map: Arc<Mmap> = Arc::new(map);
         for (name, info) in header {
             if name == "__metadata__" {
                 continue;
@@ -274,21 +334,28 @@ impl WeightFiles {
                     offs.0, offs.1
                 )));
             }
-            let dtype = FileDType::parse(dtype_str).ok_or_else(|| dtype_str.to_string());
+            let dtype = FileDType::parse(dtype_str).ok_or_else(|| Unreadable::Tag(dtype_str.to_string()));
             if let Ok(dt) = dtype {
                 let expect = shape.iter().product::<usize>() * dt.size();
                 if expect != offs.1 - offs.0 {
                     return Err(bad(format!("`{name}` holds {} bytes but shape {shape:?} of {dt} needs {expect}", offs.1 - offs.0)));
                 }
             }
-            self.entries.insert(name, Entry { file: file_idx, dtype, shape, start: data_start + offs.0, end: data_start + offs.1 });
+            let owner: Arc<dyn AsRef<[u8]> + Send + Sync> = map.clone();
+            let bytes = HostBytes::new(owner, data_start + offs.0, offs.1 - offs.0)
+                .ok_or_else(|| bad(format!("`{name}` lies outside the file")))?;
+            if let Some(first) = self.entries.get(&name) {
+                // Which copy a loader would take is arbitrary: refuse instead of guessing.
+                return Err(bad(format!("`{name}` is also in {}; a tensor must be in one shard only", self.files[first.file].display())));
+            }
+            self.entries.insert(name, Entry { file: file_idx, dtype, shape, bytes });
         }
-        self.maps.push(Arc::new(map));
+        self.total_bytes += map.len() as u64;
         self.files.push(path);
         Ok(())
     }
 
-    /// The folder the files are in.
+    /// The folder the files are in (the file, for a GGUF).
     pub fn dir(&self) -> &Path {
         &self.dir
     }
@@ -310,7 +377,7 @@ impl WeightFiles {
 
     /// Bytes of all weight files.
     pub fn total_bytes(&self) -> u64 {
-        self.maps.iter().map(|m| m.len() as u64).sum()
+        self.total_bytes
     }
 
     /// A float (F32/F16/BF16) tensor by name, of any shape.
@@ -327,13 +394,15 @@ impl WeightFiles {
         let e = self
             .entries
             .get(name)
-            .ok_or_else(|| WeightsError::MissingTensor { name: name.into(), dir: self.dir.clone() })?;
-        let dtype = e.dtype.clone().map_err(|dtype| WeightsError::DType { name: name.into(), dtype })?;
-        let owner: Arc<dyn AsRef<[u8]> + Send + Sync> = self.maps[e.file].clone();
-        let bytes = HostBytes::new(owner, e.start, e.end - e.start).ok_or_else(|| WeightsError::MissingTensor {
-            name: name.into(),
-            dir: self.dir.clone(),
+            .ok_or_else(|| match self.missing_name.as_ref().and_then(|f| f(name)) {
+                Some(theirs) => WeightsError::MissingAs { theirs, name: name.into(), path: self.dir.clone() },
+                None => WeightsError::MissingTensor { name: name.into(), dir: self.dir.clone() },
+            })?;
+        let dtype = e.dtype.clone().map_err(|u| match u {
+            Unreadable::Tag(dtype) => WeightsError::DType { name: name.into(), dtype },
+            Unreadable::Message(m) => WeightsError::Unreadable(m),
         })?;
+        let bytes = e.bytes.clone();
         if let Ok(mut used) = self.used.lock() {
             used.insert(name.to_string());
         }
@@ -361,5 +430,33 @@ impl WeightFiles {
         let mut v: Vec<String> = self.entries.keys().filter(|k| !used.contains(*k)).cloned().collect();
         v.sort();
         v
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn write(path: &Path, names: &[&str]) {
+        let data = [0u8; 8];
+        let views: Vec<(String, safetensors::tensor::TensorView)> = names
+            .iter()
+            .map(|n| (n.to_string(), safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![2], &data).unwrap()))
+            .collect();
+        safetensors::serialize_to_file(views, None, path).unwrap();
+    }
+
+    #[test]
+    fn a_tensor_in_two_shards_is_refused() {
+        let dir = std::env::temp_dir().join(format!("ft-actor-dup-shards-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        write(&dir.join("model-00001-of-00002.safetensors"), &["a", "b"]);
+        write(&dir.join("model-00002-of-00002.safetensors"), &["b", "c"]);
+        let e = WeightFiles::open(&dir).err().expect("duplicate refused").to_string();
+        assert!(e.contains("`b`") && e.contains("model-00001-of-00002.safetensors") && e.contains("model-00002-of-00002.safetensors"), "{e}");
+        write(&dir.join("model-00002-of-00002.safetensors"), &["c"]);
+        let files = WeightFiles::open(&dir).expect("distinct names load");
+        assert_eq!(files.names().count(), 3);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -97,6 +97,11 @@ impl ServerSettings {
         if demo {
             return DEMO_MODEL_ID.into();
         }
+        if crate::model::gguf::is_gguf(model_dir) {
+            // `Qwen3-30B-A3B-Q4_K_M-00001-of-00003.gguf` is served as `Qwen3-30B-A3B-Q4_K_M`.
+            let stem = model_dir.file_stem().and_then(|n| n.to_str()).unwrap_or(DEMO_MODEL_ID);
+            return crate::model::gguf::split_base(stem).unwrap_or(stem).to_string();
+        }
         model_dir
             .file_name()
             .and_then(|n| n.to_str())

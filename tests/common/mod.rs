@@ -2,7 +2,8 @@
 #![allow(dead_code)]
 
 use ft_actor::model::{Model, WeightFiles};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::process::Command;
 use std::sync::Arc;
 
 /// `tests/fixtures/<name>`.
@@ -79,6 +80,24 @@ pub fn argmax(v: &[f32]) -> u32 {
     best as u32
 }
 
+/// Loads a checkpoint folder or GGUF file on the CPU backend.
+pub fn load_path(path: &Path) -> Model {
+    Model::load(path, cpu_backend(), &mut |_, _| {}).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// `n` greedy tokens after `prompt`, decoded step by step with the KV cache.
+pub fn greedy(model: &Model, prompt: &[u32], n: usize) -> Vec<u32> {
+    let mut state = ft_actor::kv::SequenceState::new(model, prompt.len() + n).unwrap();
+    let mut logits = model.forward(&mut state, prompt, ft_actor::model::Logits::Last).unwrap();
+    let mut out = vec![];
+    for _ in 0..n {
+        let t = argmax(&logits);
+        out.push(t);
+        logits = model.forward(&mut state, &[t], ft_actor::model::Logits::Last).unwrap();
+    }
+    out
+}
+
 /// Prompt ids of a fixture.
 pub fn prompts(r: &serde_json::Value) -> Vec<Vec<u32>> {
     r["prompts"]
@@ -88,3 +107,34 @@ pub fn prompts(r: &serde_json::Value) -> Vec<Vec<u32>> {
         .map(|p| p["ids"].as_array().expect("ids").iter().map(|x| x.as_u64().expect("id") as u32).collect())
         .collect()
 }
+
+/// The Python that writes GGUF test files (gguf-py and numpy): `FT_PYTHON` or `.venv/bin/python`.
+/// `None` (with a message) when it cannot import them, a failure with `FT_REQUIRE_GGUF_PY=1`.
+pub fn gguf_python() -> Option<PathBuf> {
+    let py = std::env::var_os("FT_PYTHON").map(PathBuf::from).unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".venv/bin/python"));
+    let ok = Command::new(&py).args(["-c", "import gguf, numpy"]).output().is_ok_and(|o| o.status.success());
+    if ok {
+        return Some(py);
+    }
+    assert!(std::env::var("FT_REQUIRE_GGUF_PY").as_deref() != Ok("1"), "FT_REQUIRE_GGUF_PY=1 but {} cannot import gguf (run .ci/install-python.sh)", py.display());
+    eprintln!("skipping GGUF tests: {} cannot import gguf and numpy (run .ci/install-python.sh)", py.display());
+    None
+}
+
+/// A scratch folder of this test process.
+pub fn gguf_scratch(what: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("ft-actor-gguf-{}-{what}", std::process::id()));
+    std::fs::create_dir_all(&d).expect("scratch dir");
+    d
+}
+
+/// Converts `src` (a checkpoint folder) with tests/python/hf_to_gguf.py to `<what>.gguf` of `kind` and its twin; returns (gguf, twin).
+pub fn gguf_convert(py: &Path, src: &Path, what: &str, kind: &str, extra: &[&str]) -> (PathBuf, PathBuf) {
+    let dir = gguf_scratch(what);
+    let (gguf, twin) = (dir.join(format!("{what}.gguf")), dir.join("twin"));
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/python/hf_to_gguf.py");
+    let out = Command::new(py).arg(&script).arg(src).arg(&gguf).arg(&twin).arg(kind).args(extra).output().expect("run hf_to_gguf.py");
+    assert!(out.status.success(), "hf_to_gguf.py {} {kind}: {}", src.display(), String::from_utf8_lossy(&out.stderr));
+    (gguf, twin)
+}
+

@@ -1,6 +1,6 @@
-//! Routed experts in the three layouts checkpoints use: one tensor per expert and
+//! Routed experts in the layouts checkpoints use: one tensor per expert and
 //! projection (the hub layout), transformers 5's fused `[E, 2I, H]` / `[E, H, I]` tensors,
-//! and gpt-oss's fused, transposed, interleaved tensors with biases.
+//! gpt-oss's fused, transposed, interleaved tensors with biases, and gpt-oss split per expert (GGUF).
 
 use super::shape_error;
 use crate::model::config::{Arch, ModelConfig};
@@ -67,6 +67,9 @@ impl Loader<'_> {
         if self.files.contains(&format!("{prefix}.gate_up_proj_blocks")) {
             return self.gpt_oss_mxfp4_experts(prefix, n, hidden, inter);
         }
+        if self.files.contains(&format!("{prefix}.0.gate_proj.weight")) {
+            return self.gpt_oss_split_experts(prefix, n, hidden, inter);
+        }
         let gu = self.tensor(&format!("{prefix}.gate_up_proj"), &[n, hidden, 2 * inter])?;
         let down = self.tensor(&format!("{prefix}.down_proj"), &[n, inter, hidden])?;
         let gu_bias = self.tensor(&format!("{prefix}.gate_up_proj_bias"), &[n, 2 * inter])?.to_f32();
@@ -114,6 +117,36 @@ impl Loader<'_> {
             }
         };
         Ok((0..n).into_par_iter().map(convert).collect())
+    }
+
+    /// gpt-oss already split and transposed (a GGUF from llama.cpp's converter, see
+    /// `arch/gpt_oss.rs`): per-expert `gate_proj`/`up_proj [I, H]` and `down_proj [H, I]` in
+    /// any type, read as views like the hub layout, and stacked biases `gate_proj_bias`/
+    /// `up_proj_bias [E, I]`, `down_proj_bias [E, H]` (f32 ones viewed, others converted).
+    fn gpt_oss_split_experts(&mut self, prefix: &str, n: usize, hidden: usize, inter: usize) -> Result<Vec<ExpertWeights>, ModelError> {
+        let mut bias = |name: &str, width: usize| -> Result<Vec<HostBytes>, ModelError> {
+            let t = self.tensor(&format!("{prefix}.{name}"), &[n, width])?;
+            let owned;
+            let all = if t.dtype == ft_backend::DType::F32 {
+                t.bytes
+            } else {
+                owned = t.to_f32();
+                HostBytes::from_vec(bytemuck::cast_slice(&owned).to_vec())
+            };
+            (0..n).map(|e| all.slice(e * width * 4, width * 4).ok_or_else(|| shape_error(&t.name, &t.shape, vec![n, width]))).collect()
+        };
+        let (gate_b, up_b, down_b) = (bias("gate_proj_bias", inter)?, bias("up_proj_bias", inter)?, bias("down_proj_bias", hidden)?);
+        (0..n)
+            .zip(gate_b.into_iter().zip(up_b).zip(down_b))
+            .map(|(e, ((gate, up), down))| {
+                Ok(ExpertWeights {
+                    gate: self.host_matrix(&format!("{prefix}.{e}.gate_proj.weight"), inter, hidden)?,
+                    up: self.host_matrix(&format!("{prefix}.{e}.up_proj.weight"), inter, hidden)?,
+                    down: self.host_matrix(&format!("{prefix}.{e}.down_proj.weight"), hidden, inter)?,
+                    biases: Some(ExpertBiases { gate, up, down }),
+                })
+            })
+            .collect()
     }
 
     /// gpt-oss as published: MXFP4 `*_blocks`/`*_scales` in `[out, in]` orientation, gate and

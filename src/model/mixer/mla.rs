@@ -9,6 +9,7 @@
 //! outputs are ignored), which costs far less than expanding keys and values for the whole
 //! context at every step.
 
+use crate::model::reads;
 use super::{gather_units, gcd};
 use crate::kv::LayerState;
 use crate::model::forward::scratch;
@@ -54,10 +55,10 @@ impl Model {
         let mut c = scratch(be, t * lora)?;
         let mut k_pe = scratch(be, t * rope)?;
         let bias = w.kv_a.bias.as_ref();
-        be.matmul(x, &w.kv_a.w, bias, &mut c, &MatmulDesc::new(t, h, lora))?;
+        reads::matmul(be, x, &w.kv_a.w, bias, &mut c, &MatmulDesc::new(t, h, lora))?;
         // Rows of quantized weights are stored padded to whole blocks.
         let pe_desc = MatmulDesc { w_offset: lora * w.kv_a.w.dtype().padded(h), bias_offset: lora, ..MatmulDesc::new(t, h, rope) };
-        be.matmul(x, &w.kv_a.w, bias, &mut k_pe, &pe_desc)?;
+        reads::matmul(be, x, &w.kv_a.w, bias, &mut k_pe, &pe_desc)?;
         let mut cn = scratch(be, t * lora)?;
         be.rms_norm(&c, &w.kv_a_norm, &mut cn, &norm(t, lora))?;
         be.rope(&mut k_pe, &self.rope_desc(positions, 1, rope, 0, m.rope_interleave))?;
@@ -78,7 +79,7 @@ impl Model {
         let mut q_lat = scratch(be, nh * t * lora)?;
         for hh in 0..nh {
             let d = MatmulDesc { x_offset: hh * t * nope, w_offset: hh * lora * nope, out_offset: hh * t * lora, ..MatmulDesc::new(t, nope, lora) };
-            be.matmul(&q_nope, &w.w_uk_t, None, &mut q_lat, &d)?;
+            reads::matmul(be, &q_nope, &w.w_uk_t, None, &mut q_lat, &d)?;
         }
         // Full queries [t, nh, lora + rope] = [q_lat | q_pe], gathered from both at once.
         let u = gcd(gcd(lora, rope), nope);
@@ -117,7 +118,7 @@ impl Model {
         let mut o_heads = scratch(be, nh * t * vd)?;
         for hh in 0..nh {
             let d = MatmulDesc { x_offset: hh * t * lora, w_offset: hh * vd * lora, out_offset: hh * t * vd, ..MatmulDesc::new(t, lora, vd) };
-            be.matmul(&o_lat, &w.w_uv, None, &mut o_heads, &d)?;
+            reads::matmul(be, &o_lat, &w.w_uv, None, &mut o_heads, &d)?;
         }
         let o = gather_units(be, &o_heads, (0..t).flat_map(|tok| (0..nh).map(move |hh| hh * t + tok)), vd)?;
         w.o.forward(be, &o, out, t)
