@@ -57,6 +57,8 @@ struct EngineKeys {
     backend: String,
     cpu_threads: Option<usize>,
     #[serde(deserialize_with = "lenient::string")]
+    quant_dot: String,
+    #[serde(deserialize_with = "lenient::string")]
     vram_budget: String,
     expert_cache_slots: Option<u64>,
     #[serde(deserialize_with = "lenient::string")]
@@ -103,6 +105,7 @@ impl From<&EngineConfig> for EngineKeys {
             model: path(&c.model),
             backend: backend_name(c.backend).into(),
             cpu_threads: c.cpu_threads,
+            quant_dot: c.quant_dot.to_string(),
             vram_budget: c.vram_budget.to_string(),
             expert_cache_slots: c.expert_cache_slots,
             moe_mode: c.moe_mode.to_string(),
@@ -142,6 +145,7 @@ impl EngineKeys {
             model: self.model.as_ref().map(PathBuf::from),
             backend: self.backend.parse::<BackendChoice>().map_err(|e| bad("backend", e))?,
             cpu_threads: self.cpu_threads,
+            quant_dot: self.quant_dot.parse::<crate::engine::QuantDot>().map_err(|e| bad("quant_dot", e))?,
             vram_budget: self.vram_budget.parse::<VramBudget>().map_err(|e| bad("vram_budget", e.to_string()))?,
             expert_cache_slots: self.expert_cache_slots,
             moe_mode: self.moe_mode.parse::<MoeMode>().map_err(|e| bad("moe_mode", e.to_string()))?,

@@ -38,12 +38,14 @@ pub struct DeviceOptions {
     pub backend: BackendChoice,
     /// CPU worker threads (default: all cores).
     pub cpu_threads: Option<usize>,
+    /// How the CPU backend's decode products meet block-quantized weights.
+    pub quant_dot: ft_backend_cpu::QuantDot,
 }
 
 /// Creates the backend; `Auto` falls back to the CPU with a log line when no GPU backend opens.
 pub fn create_backend(opts: &DeviceOptions) -> Result<Arc<dyn Backend>, BackendError> {
     let cpu = || -> Result<Arc<dyn Backend>, BackendError> {
-        Ok(Arc::new(CpuBackend::new(CpuOptions { threads: opts.cpu_threads, ..Default::default() })?))
+        Ok(Arc::new(CpuBackend::new(CpuOptions { threads: opts.cpu_threads, quant_dot: opts.quant_dot, ..Default::default() })?))
     };
     match opts.backend {
         BackendChoice::Cpu => cpu(),

@@ -22,6 +22,11 @@ use std::path::{Path, PathBuf};
 
 /// Logits of every prompt agree within 1e-3 of their scale and greedy tokens are identical.
 fn assert_same_model(what: &str, a: &Model, b: &Model, prompts: &[Vec<u32>]) {
+    assert_close_model(what, a, b, prompts, 1e-3);
+}
+
+/// Logits of every prompt agree within `tol` of their scale and greedy tokens are identical.
+fn assert_close_model(what: &str, a: &Model, b: &Model, prompts: &[Vec<u32>], tol: f32) {
     for (p, ids) in prompts.iter().enumerate() {
         let mut sa = SequenceState::new(a, ids.len()).unwrap();
         let mut sb = SequenceState::new(b, ids.len()).unwrap();
@@ -29,7 +34,7 @@ fn assert_same_model(what: &str, a: &Model, b: &Model, prompts: &[Vec<u32>]) {
         let lb = b.forward(&mut sb, ids, Logits::All).unwrap();
         let scale = lb.iter().fold(1f32, |m, v| m.max(v.abs()));
         let d = max_abs_diff(&la, &lb);
-        assert!(d <= 1e-3 * scale, "{what} p{p}: logits differ by {d} (scale {scale})");
+        assert!(d <= tol * scale, "{what} p{p}: logits differ by {d} (scale {scale}, tolerance {tol})");
         assert_eq!(greedy(a, ids, 16), greedy(b, ids, 16), "{what} p{p}: greedy tokens");
     }
 }
@@ -66,6 +71,10 @@ fn gguf_block_types_match_their_dequantized_twins() {
         let bias_bytes = if e.biases.is_some() { 4 * (2 * i + h) } else { 0 };
         assert_eq!(e.size_bytes(), 2 * i * dtype.row_bytes(h) + h * dtype.row_bytes(i) + bias_bytes, "{name} {kind}: expert bytes");
         assert_same_model(&format!("{name} {kind}"), &mg, &mt, &prompts(&reference_json(name)));
+        if dtype.is_quantized() {
+            let mi = load_path_int8(&gguf);
+            assert_int8_model(&format!("{name} {kind} int8"), &mi, &mt, &prompts(&reference_json(name)));
+        }
     }
 }
 
@@ -117,12 +126,14 @@ fn k_quants_match_their_dequantized_twins() {
         let e = &mg.experts(0)[0];
         assert_eq!((e.gate.dtype, e.up.dtype), (dtype, dtype), "{kind}: experts stay packed");
         assert_same_model(&format!("synth {kind}"), &mg, &mt, &prompt);
+        assert_int8_model(&format!("synth {kind} int8"), &load_path_int8(&gguf), &mt, &prompt);
         if kind == "q4_k_m" {
             // llama-quantize's mix: ffn_down in Q6_K for layers 2 and 3 of 4, Q4_K for 0 and 1.
             let downs: Vec<DType> = (0..4).map(|l| mg.experts(l)[0].down.dtype).collect();
             assert_eq!(downs, [DType::Q4K, DType::Q4K, DType::Q6K, DType::Q6K]);
-            // Cache slots then hold experts of both kinds in turn.
-            let want = greedy(&mg, &prompt[0], 8);
+            // Cache slots then hold experts of both kinds in turn. The engine runs its default
+            // int8 activations, so the direct forward pass it must equal does too.
+            let want = greedy(&load_path_int8(&gguf), &prompt[0], 8);
             for mode in [MoeMode::Offload, MoeMode::Hybrid] {
                 assert_eq!(pipeline_tokens(&gguf, 4, mode, &prompt[0], 8), want, "Q4_K_M through {mode} with 4 slots");
             }
@@ -256,7 +267,8 @@ fn gguf_runs_through_the_pipeline_in_every_moe_mode() {
     let Some(py) = gguf_python() else { return };
     let (gguf, _) = gguf_convert(&py, &fixture("qwen3_moe").join("checkpoint"), "pipeline", "q4_0", &[]);
     let prompt = prompts(&reference_json("qwen3_moe"))[0].clone();
-    let want = greedy(&load_path(&gguf), &prompt, 12);
+    // The engine's default int8 activations, on both sides.
+    let want = greedy(&load_path_int8(&gguf), &prompt, 12);
     for slots in [0, 4] {
         for mode in [MoeMode::Offload, MoeMode::Cpu, MoeMode::Hybrid] {
             assert_eq!(pipeline_tokens(&gguf, slots, mode, &prompt, 12), want, "GGUF slots={slots} mode={mode}: tokens");
@@ -312,3 +324,4 @@ fn a_missing_gguf_tensor_is_named_as_in_the_file() {
     let e = load_err(&renamed);
     assert!(e.contains("blk.1.attn_k_norm.weight") && e.contains("missing-k-norm.gguf") && e.contains("self_attn.k_norm"), "{e}");
 }
+

@@ -5,7 +5,7 @@ use super::HostExperts;
 use crate::model::weights::{ExpertWeights, HostMatrix};
 use crate::policy::ExpertKey;
 use ft_backend::BinaryOp;
-use ft_backend_cpu::kernels::{self, SimdLevel};
+use ft_backend_cpu::kernels::{self, QuantDot, SimdLevel};
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use rayon::ThreadPool;
 use std::sync::Arc;
@@ -45,6 +45,7 @@ pub enum CpuMsg {
 pub struct CpuState {
     pool: Arc<ThreadPool>,
     level: SimdLevel,
+    dot: QuantDot,
     act: BinaryOp,
     host: HostExperts,
 }
@@ -52,10 +53,10 @@ pub struct CpuState {
 /// The CPU executor pool actor.
 pub struct CpuExecutors;
 
-fn mat(pool: &ThreadPool, level: SimdLevel, x: &[f32], n: usize, m: &HostMatrix) -> Result<Vec<f32>, String> {
+fn mat(pool: &ThreadPool, level: SimdLevel, dot: QuantDot, x: &[f32], n: usize, m: &HostMatrix) -> Result<Vec<f32>, String> {
     let mut out = vec![0f32; n * m.rows];
     crate::model::reads::add(m.bytes.len());
-    kernels::matmul(pool, level, x, n, m.cols, m.bytes.as_slice(), m.dtype, m.rows, &mut out).map_err(|e| e.to_string())?;
+    kernels::matmul(pool, level, dot, x, n, m.cols, m.bytes.as_slice(), m.dtype, m.rows, &mut out).map_err(|e| e.to_string())?;
     Ok(out)
 }
 
@@ -74,19 +75,20 @@ fn add_bias(y: &mut [f32], bias: &ft_backend::HostBytes, cols: usize) -> Result<
 pub fn expert_on_cpu(
     pool: &ThreadPool,
     level: SimdLevel,
+    dot: QuantDot,
     act: BinaryOp,
     w: &ExpertWeights,
     xs: &[f32],
     n: usize,
 ) -> Result<Vec<f32>, String> {
-    let mut g = mat(pool, level, xs, n, &w.gate)?;
-    let mut u = mat(pool, level, xs, n, &w.up)?;
+    let mut g = mat(pool, level, dot, xs, n, &w.gate)?;
+    let mut u = mat(pool, level, dot, xs, n, &w.up)?;
     if let Some(b) = &w.biases {
         add_bias(&mut g, &b.gate, w.gate.rows)?;
         add_bias(&mut u, &b.up, w.up.rows)?;
     }
     kernels::binary(level, act, &mut g, &u).map_err(|e| e.to_string())?;
-    let mut y = mat(pool, level, &g, n, &w.down)?;
+    let mut y = mat(pool, level, dot, &g, n, &w.down)?;
     if let Some(b) = &w.biases {
         add_bias(&mut y, &b.down, w.down.rows)?;
     }
@@ -96,17 +98,17 @@ pub fn expert_on_cpu(
 impl Actor for CpuExecutors {
     type Msg = CpuMsg;
     type State = CpuState;
-    type Arguments = (usize, BinaryOp, HostExperts);
+    type Arguments = (usize, QuantDot, BinaryOp, HostExperts);
 
-    async fn pre_start(&self, _me: ActorRef<CpuMsg>, (threads, act, host): Self::Arguments) -> Result<CpuState, ActorProcessingErr> {
+    async fn pre_start(&self, _me: ActorRef<CpuMsg>, (threads, dot, act, host): Self::Arguments) -> Result<CpuState, ActorProcessingErr> {
         let pool = rayon::ThreadPoolBuilder::new().num_threads(threads.max(1)).thread_name(|i| format!("ft-cpu-exec-{i}")).build()?;
-        Ok(CpuState { pool: Arc::new(pool), level: SimdLevel::Auto.effective(), act, host })
+        Ok(CpuState { pool: Arc::new(pool), level: SimdLevel::Auto.effective(), dot, act, host })
     }
 
     async fn handle(&self, _me: ActorRef<CpuMsg>, msg: CpuMsg, st: &mut CpuState) -> Result<(), ActorProcessingErr> {
         let CpuMsg::Run { jobs, sent, reply } = msg;
         let delivered = Instant::now();
-        let (pool, level, act, host) = (st.pool.clone(), st.level, st.act, st.host.clone());
+        let (pool, level, dot, act, host) = (st.pool.clone(), st.level, st.dot, st.act, st.host.clone());
         st.pool.spawn(move || {
             use rayon::prelude::*;
             // Experts run side by side; each one's matmuls also split rows over the pool.
@@ -118,7 +120,7 @@ impl Actor for CpuExecutors {
                         .get(job.key.layer as usize)
                         .and_then(|l| l.get(job.key.expert as usize))
                         .ok_or_else(|| format!("no expert {:?} in the host pool", job.key))?;
-                    let y = expert_on_cpu(&pool, level, act, w, &job.xs, job.n)?;
+                    let y = expert_on_cpu(&pool, level, dot, act, w, &job.xs, job.n)?;
                     Ok(CpuDone { y, secs: start.elapsed().as_secs_f64(), queued_s: (delivered - sent).as_secs_f64(), bytes: w.size_bytes() as u64 })
                 })
                 .collect();

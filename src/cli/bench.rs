@@ -65,8 +65,9 @@ pub fn run(a: BenchArgs) -> Result<()> {
         println!(
             "{} runs per mode: tokens/s from timers (median, min–max); weight bytes per token from the counter of every \
              weight-matrix product (the model's shape says the figure in brackets); GB/s = counted bytes / decode time; \
-             roofline = that / the median bandwidth; prefills are cold",
-            opts.repeats
+             roofline = that / the median bandwidth; prefills are cold; quantized weights meet {} activations",
+            opts.repeats,
+            a.model.quant_dot
         );
         println!("| mode | effective | cache slots | prefill tok/s | decode tok/s | MB read/tok | GB/s | roofline | hit rate | MB moved/tok | fetched/tok | CPU experts/tok | actor overhead |");
         println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|");
@@ -77,7 +78,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
             let s = |s: &crate::bench::Spread| serde_json::json!({"median": s.median, "min": s.min, "max": s.max});
             let v = serde_json::json!({
                 "mode": mode.to_string(), "effective": info.moe_mode, "cache_slots": info.memory.cache_slots,
-                "runs": opts.repeats, "prefill_tokens": opts.prompt_len, "decode_tokens": opts.gen_tokens,
+                "runs": opts.repeats, "quant_dot": a.model.quant_dot.name(), "prefill_tokens": opts.prompt_len, "decode_tokens": opts.gen_tokens,
                 "prefill_tok_s": s(&r.prefill_tok_s), "decode_tok_s": s(&r.decode_tok_s),
                 "bytes_per_token_counted": r.bytes_per_token, "bytes_per_token_model": r.model_bytes_per_token,
                 "decode_gb_s": s(&r.decode_gb_s),

@@ -59,6 +59,10 @@ pub struct ModelArgs {
     /// CPU threads of the backend and of the CPU expert executors (default: all cores).
     #[arg(long, env = "FT_CPU_THREADS")]
     pub cpu_threads: Option<usize>,
+    /// CPU products with quantized weights: int8 (activations quantized, as llama.cpp; fast)
+    /// or exact (f32 activations).
+    #[arg(long, default_value = "int8", env = "FT_QUANT_DOT")]
+    pub quant_dot: crate::engine::QuantDot,
     /// Context length in tokens (default: the model's max_position_embeddings).
     #[arg(long)]
     pub ctx_size: Option<usize>,
@@ -83,6 +87,7 @@ impl ModelArgs {
             model: self.model.clone(),
             backend: self.backend,
             cpu_threads: self.cpu_threads,
+            quant_dot: self.quant_dot,
             vram_budget: self.vram_budget,
             expert_cache_slots: self.expert_cache_slots,
             moe_mode: self.moe_mode,

@@ -29,6 +29,10 @@ pub struct ConfigArgs {
     #[arg(long, value_name = "N")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cpu_threads: Option<usize>,
+    /// CPU products with quantized weights: int8 (activations quantized, fast) or exact (f32).
+    #[arg(long, value_name = "int8|exact")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub quant_dot: Option<String>,
     /// Device memory the engine may use: bytes (e.g. 6GiB) or auto.
     #[arg(long, value_name = "BYTES|auto")]
     #[serde(skip_serializing_if = "Option::is_none")]

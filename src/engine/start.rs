@@ -30,7 +30,7 @@ fn start_err(e: impl std::fmt::Display) -> EngineError {
 
 /// Measures `(b_p, b_h)`: host→device copies of one expert through the backend, and the CPU
 /// executor kernel streaming one expert for a single token. Best of a few repetitions.
-fn measure_bandwidths(be: &dyn Backend, host: &HostExperts, shape: ExpertShape, threads: usize, act: ft_backend::BinaryOp) -> Result<(f64, f64), EngineError> {
+fn measure_bandwidths(be: &dyn Backend, host: &HostExperts, shape: ExpertShape, threads: usize, quant_dot: QuantDot, act: ft_backend::BinaryOp) -> Result<(f64, f64), EngineError> {
     let Some(w) = host.iter().flat_map(|l| l.first()).next() else { return Ok((0.0, 0.0)) };
     let bytes = w.size_bytes() as f64;
     // Enough repetitions to measure a few megabytes even for tiny experts.
@@ -50,7 +50,7 @@ fn measure_bandwidths(be: &dyn Backend, host: &HostExperts, shape: ExpertShape, 
     let mut best_h = f64::INFINITY;
     for _ in 0..reps {
         let t = Instant::now();
-        expert_on_cpu(&cpu_pool, level, act, w, &x, 1).map_err(EngineError::Start)?;
+        expert_on_cpu(&cpu_pool, level, quant_dot, act, w, &x, 1).map_err(EngineError::Start)?;
         best_h = best_h.min(t.elapsed().as_secs_f64());
     }
     Ok((bytes / best_p.max(1e-9), bytes / best_h.max(1e-9)))
@@ -66,7 +66,7 @@ pub(super) async fn spawn(
         Some(d) => d.clone(),
         None => crate::demo::demo_model_dir().map_err(start_err)?,
     };
-    let backend = create_backend(&DeviceOptions { backend: config.backend, cpu_threads: config.cpu_threads }).map_err(start_err)?;
+    let backend = create_backend(&DeviceOptions { backend: config.backend, cpu_threads: config.cpu_threads, quant_dot: config.quant_dot }).map_err(start_err)?;
     let load_dir = dir.clone();
     let load_backend = backend.clone();
     let model = tokio::task::spawn_blocking(move || Model::load(&load_dir, load_backend, &mut *progress))
@@ -148,7 +148,7 @@ pub(super) async fn spawn(
             (b_p, b_h, if configured { "config" } else { "profile" })
         }
         None => {
-            let (mp, mh) = measure_bandwidths(backend.as_ref(), &host, shape, threads, cfg.expert_activation.binary_op())?;
+            let (mp, mh) = measure_bandwidths(backend.as_ref(), &host, shape, threads, config.quant_dot, cfg.expert_activation.binary_op())?;
             let b_p = config.b_p.unwrap_or(mp);
             let b_h = config.b_h.unwrap_or(mh);
             if let Some(d) = &cache_dir {
@@ -166,7 +166,7 @@ pub(super) async fn spawn(
     let pool = Arc::new(SlotPool::new(backend.clone(), shape, slots as usize).map_err(start_err)?);
     let (cache, _) = Actor::spawn(None, CacheManager, slots).await.map_err(start_err)?;
     let (transfer, _) = Actor::spawn(None, TransferEngine, (backend.clone(), pool.clone(), host.clone())).await.map_err(start_err)?;
-    let (cpu, _) = Actor::spawn(None, CpuExecutors, (threads, cfg.expert_activation.binary_op(), host.clone())).await.map_err(start_err)?;
+    let (cpu, _) = Actor::spawn(None, CpuExecutors, (threads, config.quant_dot, cfg.expert_activation.binary_op(), host.clone())).await.map_err(start_err)?;
     let costs = SplitCosts::new(st.bytes_per_expert, b_p, b_h);
     let (router, _) = Actor::spawn(None, Router, RouterArgs { cache: cache.clone(), mode, costs }).await.map_err(start_err)?;
     let links = PipelineLinks { router: router.clone(), transfer: transfer.clone(), cpu: cpu.clone(), pool: pool.clone() };

@@ -32,6 +32,18 @@ pub fn cpu_backend() -> Arc<dyn ft_backend::Backend> {
     Arc::new(ft_backend_cpu::CpuBackend::new(ft_backend_cpu::CpuOptions { threads: Some(2), ..Default::default() }).expect("cpu backend"))
 }
 
+/// The CPU backend with int8-quantized activations in block-quantized products (the
+/// engine's default `quant_dot`), SIMD auto, 2 threads.
+pub fn cpu_backend_int8() -> Arc<dyn ft_backend::Backend> {
+    let opts = ft_backend_cpu::CpuOptions { threads: Some(2), quant_dot: ft_backend_cpu::QuantDot::Int8, ..Default::default() };
+    Arc::new(ft_backend_cpu::CpuBackend::new(opts).expect("cpu backend"))
+}
+
+/// Loads `path` on [`cpu_backend_int8`].
+pub fn load_path_int8(path: &Path) -> Model {
+    Model::load(path, cpu_backend_int8(), &mut |_, _| {}).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
 /// The backend fixtures load on: the CPU, or CUDA device 0 with `FT_TEST_BACKEND=cuda`
 /// (scripts/gpu-check.sh).
 pub fn test_backend() -> Arc<dyn ft_backend::Backend> {
@@ -138,3 +150,51 @@ pub fn gguf_convert(py: &Path, src: &Path, what: &str, kind: &str, extra: &[&str
     (gguf, twin)
 }
 
+/// With int8-quantized activations (the engine's default `quant_dot`), against the exact
+/// product: the prompt but its last token is prefilled (more than 4 tokens take the exact
+/// prefill path on both sides), then each decode step is one pass of int8 products. Its logits
+/// must stay within [`INT8_TOL`] of their scale, and greedy tokens must be identical until a
+/// step where the exact model's two best logits are closer than twice the logit difference
+/// seen there (a near-tie the rounding may flip; the sequences part, so the comparison stops).
+///
+/// The tolerance is loose because these tiny random-weight MoE models are chaotic: rounding
+/// the weights to Q8_0 alone moves their logits by 1.6e-2 to 1.2e-1 of their scale against the
+/// transformers reference (qwen3_moe, mixtral), and a small change can flip a router choice.
+/// Measured here: 1e-2 to 1.2e-1 of the scale per step, and 2.7e-1 once (deepseek_v3 Q4_0, a
+/// single int8 pass). A wrong scale or code moves logits by their whole scale and more; the precise checks are
+/// the kernel tests in `ft-backend-cpu` (exact on int8-representable activations, within the
+/// rounding bound otherwise).
+pub const INT8_TOL: f32 = 0.35;
+
+pub fn assert_int8_model(what: &str, a: &Model, b: &Model, prompts: &[Vec<u32>]) {
+    for (p, ids) in prompts.iter().enumerate() {
+        let n = 8;
+        let mut sa = ft_actor::kv::SequenceState::new(a, ids.len() + n).unwrap();
+        let mut sb = ft_actor::kv::SequenceState::new(b, ids.len() + n).unwrap();
+        let (head, last) = ids.split_at(ids.len() - 1);
+        if !head.is_empty() {
+            a.forward(&mut sa, head, ft_actor::model::Logits::Last).unwrap();
+            b.forward(&mut sb, head, ft_actor::model::Logits::Last).unwrap();
+        }
+        let (mut worst, mut next) = (0f32, last[0]);
+        for step in 0..n {
+            let la = a.forward(&mut sa, &[next], ft_actor::model::Logits::Last).unwrap();
+            let lb = b.forward(&mut sb, &[next], ft_actor::model::Logits::Last).unwrap();
+            let scale = lb.iter().fold(1f32, |m, v| m.max(v.abs()));
+            let d = max_abs_diff(&la, &lb);
+            worst = worst.max(d / scale);
+            assert!(d <= INT8_TOL * scale, "{what} p{p} step {step}: logits differ by {d} (scale {scale})");
+            let (ta, tb) = (argmax(&la), argmax(&lb));
+            if ta != tb {
+                let mut sorted = lb.clone();
+                sorted.sort_by(|x, y| y.total_cmp(x));
+                let margin = sorted[0] - sorted[1];
+                assert!(margin <= 2.0 * d, "{what} p{p}: greedy token {step} differs ({ta} vs {tb}) with margin {margin} > 2 × {d}");
+                println!("{what} p{p}: greedy parts at step {step}, a near-tie (margin {margin:.2e}, logit difference {d:.2e})");
+                break;
+            }
+            next = tb;
+        }
+        println!("{what} p{p}: per-step logits differ by up to {worst:.2e} of their scale");
+    }
+}

@@ -18,7 +18,7 @@ mod backend;
 pub mod kernels;
 mod storage;
 
-pub use kernels::SimdLevel;
+pub use kernels::{QuantDot, SimdLevel};
 
 use ft_backend::{BackendError, DeviceBuffer, MemoryInfo, Result};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -33,6 +33,8 @@ pub struct CpuOptions {
     pub simd: SimdLevel,
     /// Bytes the backend may allocate (reported as total memory); `None` means physical RAM.
     pub memory_limit: Option<u64>,
+    /// How decode-sized matmuls meet block-quantized weights (default: exact).
+    pub quant_dot: QuantDot,
 }
 
 /// The CPU implementation of [`ft_backend::Backend`].
@@ -40,6 +42,7 @@ pub struct CpuBackend {
     pool: rayon::ThreadPool,
     threads: usize,
     simd: SimdLevel,
+    quant_dot: QuantDot,
     /// Physical RAM, or the configured limit.
     total: u64,
     limited: bool,
@@ -76,6 +79,7 @@ impl CpuBackend {
             pool,
             threads,
             simd,
+            quant_dot: opts.quant_dot,
             total,
             limited,
             allocated: Arc::new(AtomicU64::new(0)),

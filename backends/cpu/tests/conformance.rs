@@ -10,6 +10,7 @@ fn make(simd: SimdLevel, threads: Option<usize>) -> Option<Arc<dyn Backend>> {
         threads,
         simd,
         memory_limit: None,
+        ..Default::default()
     })
     .expect("the CPU backend always starts");
     Some(Arc::new(b))

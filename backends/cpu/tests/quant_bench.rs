@@ -12,7 +12,7 @@
 //! from memory.
 
 use ft_backend::{Backend, BufferUsage, DType, DeviceBuffer, MatmulDesc, StreamId};
-use ft_backend_cpu::{CpuBackend, CpuOptions};
+use ft_backend_cpu::{CpuBackend, CpuOptions, QuantDot};
 use std::time::Instant;
 
 /// Median read bandwidth (bytes/s) summing a 1 GiB buffer with `threads` threads.
@@ -80,16 +80,24 @@ fn quant_gemv_throughput() {
     let threads = std::env::var("FT_BENCH_THREADS")
         .ok()
         .and_then(|v| v.parse().ok());
-    let b = CpuBackend::new(CpuOptions {
-        threads,
-        ..Default::default()
-    })
-    .expect("backend");
+    for quant_dot in [QuantDot::Exact, QuantDot::Int8] {
+        let b = CpuBackend::new(CpuOptions {
+            threads,
+            quant_dot,
+            ..Default::default()
+        })
+        .expect("backend");
+        throughput(&b, threads, quant_dot);
+    }
+}
+
+/// The table of [`quant_gemv_throughput`] for one backend.
+fn throughput(b: &CpuBackend, threads: Option<usize>, quant_dot: QuantDot) {
     let nthreads =
         threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
     let bw = read_bandwidth(nthreads);
     println!(
-        "memory read bandwidth ({nthreads} threads, 1 GiB sum, median of 7): {:.1} GB/s; simd {:?}",
+        "quant_dot {quant_dot}: memory read bandwidth ({nthreads} threads, 1 GiB sum, median of 7): {:.1} GB/s; simd {:?}",
         bw / 1e9,
         b.simd_level()
     );
@@ -126,6 +134,9 @@ fn quant_gemv_throughput() {
         DType::Nvfp4,
         DType::F8E4M3,
     ] {
+        if quant_dot == QuantDot::Int8 && matches!(dtype, DType::BF16 | DType::F8E4M3) {
+            continue; // no int8 kernel: the exact table's row
+        }
         // gate/up: [768, 2048]; down: [2048, 768] (the same values, reshaped).
         let shapes = [(hidden, width), (hidden, width), (width, hidden)];
         let bytes: Vec<Vec<u8>> = shapes
@@ -194,7 +205,7 @@ fn quant_gemv_throughput() {
 }
 
 /// One thread, one cache-warm `k=2048 × 768` matrix, straight through
-/// `kernels::matmul_rows`: the kernels' compute rate (values/ns) for 1..=4 tokens, free of
+/// `kernels::matmul` on a one-thread pool, in both [`QuantDot`] modes: the kernels' compute rate (values/ns) for 1..=4 tokens, free of
 /// pool and memory effects.
 #[test]
 #[ignore = "timing, run by hand in release"]
@@ -205,6 +216,7 @@ fn quant_kernel_rate_single_thread() {
     let vals = rng.vec(m * k, 1.0);
     let x = rng.vec(5 * k, 1.0);
     let mut out = vec![0f32; 5 * m];
+    let pool = rayon::ThreadPoolBuilder::new().num_threads(1).build().expect("pool");
     println!("1 thread, k={k} × {m} rows, warm: values/ns (GB/s of weights) per token count");
     for dtype in [
         DType::BF16,
@@ -219,16 +231,19 @@ fn quant_kernel_rate_single_thread() {
     ] {
         let w = ft_backend::quant::quantize_matrix(dtype, &vals, m, k);
         let mut line = format!("{:>6}:", dtype.name());
-        for n in [1, 2, 4, 5] {
-            let per = time(5, 51, || {
-                kernels::matmul_rows(SimdLevel::Auto, &x, n, k, &w, dtype, 0..m, &mut out)
-                    .expect("matmul_rows");
-            });
-            line += &format!(
-                "  n={n}: {:5.2} ({:5.2} GB/s)",
-                (m * k) as f64 / per / 1e9,
-                w.len() as f64 / per / 1e9
-            );
+        for dot in [QuantDot::Exact, QuantDot::Int8] {
+            line += &format!("  {dot}");
+            for n in [1, 2, 4, 5] {
+                let per = time(5, 51, || {
+                    kernels::matmul(&pool, SimdLevel::Auto, dot, &x, n, k, &w, dtype, m, &mut out)
+                        .expect("matmul");
+                });
+                line += &format!(
+                    " n={n}: {:5.2} ({:5.2} GB/s)",
+                    (m * k) as f64 / per / 1e9,
+                    w.len() as f64 / per / 1e9
+                );
+            }
         }
         println!("{line}");
     }

@@ -4,6 +4,7 @@
 //! f32. Narrow weights are widened to f32 exactly before the multiply, so all three weight
 //! types give the f32 result of the decoded values.
 
+use super::quant::{Prepared, QuantDot};
 use super::{elementwise::decode_scalar, need, shape_err, SimdLevel};
 use ft_backend::{DType, Result};
 use rayon::prelude::*;
@@ -55,7 +56,7 @@ pub fn matmul_rows(
         )));
     }
     if dtype.is_quantized() {
-        return super::quant::block(level, x, k, n, k, w, dtype, nrows, out, nrows);
+        return super::quant::block(level, QuantDot::Exact, x, k, n, k, w, dtype, nrows, out, nrows);
     }
     block(level, x, k, n, k, w, dtype, k, nrows, out, nrows)
 }
@@ -75,10 +76,13 @@ pub fn gemv_rows(
 }
 
 /// `out[n, m] = x[n, k] · w[m, k]ᵀ` split over the rows of `w` on `pool` (inline when small).
+/// `dot` chooses how decode-sized products meet block-quantized weights; the rows of
+/// [`matmul_rows`] are always [`QuantDot::Exact`].
 #[allow(clippy::too_many_arguments)]
 pub fn matmul(
     pool: &ThreadPool,
     level: SimdLevel,
+    dot: QuantDot,
     x: &[f32],
     n: usize,
     k: usize,
@@ -89,7 +93,24 @@ pub fn matmul(
 ) -> Result<()> {
     let work = need(need(n, k, "n·k")?, m, "n·k·m")?;
     let threads = pool.current_num_threads();
-    if threads <= 1 || work < PARALLEL_MIN_WORK || m < 2 * CHUNK_ROWS {
+    let serial = threads <= 1 || work < PARALLEL_MIN_WORK || m < 2 * CHUNK_ROWS;
+    if dtype.is_quantized() {
+        // Padding, sub-block sums and int8 codes are made once, not once per row chunk.
+        if let Some(prep) = Prepared::new(level, dot, x, k, n, k, dtype)? {
+            if out.len() < need(n, m, "n·m")? {
+                return Err(shape_err(format!("matmul output holds {}, need {n}×{m}", out.len())));
+            }
+            if serial {
+                return prep.run(w, m, out, m);
+            }
+            let rb = dtype.row_bytes(k);
+            let w = w.get(..need(m, rb, "weight bytes")?).ok_or_else(|| {
+                shape_err(format!("{dtype} matmul of {m} rows × k={k}: weights hold {} bytes", w.len()))
+            })?;
+            return split_rows(pool, n, m, out, |r, o| prep.run(&w[r.start * rb..], r.len(), o, r.len()));
+        }
+    }
+    if serial {
         return matmul_rows(level, x, n, k, w, dtype, 0..m, out);
     }
     // Validate once here so the per-chunk calls cannot fail half-way through.
@@ -102,18 +123,27 @@ pub fn matmul(
             out.len()
         )));
     }
+    split_rows(pool, n, m, out, |r, o| matmul_rows(level, x, n, k, w, dtype, r, o))
+}
+
+/// Runs `f(rows, out_rows)` over row chunks of an `[n, m]` product on `pool`; `out_rows` is
+/// `[n, rows.len()]`, copied into `out` afterwards when `n > 1`.
+fn split_rows(
+    pool: &ThreadPool,
+    n: usize,
+    m: usize,
+    out: &mut [f32],
+    f: impl Fn(Range<usize>, &mut [f32]) -> Result<()> + Sync,
+) -> Result<()> {
     // A few chunks per thread balance uneven progress; chunk sizes stay multiples of the
     // prefill chunk so no thread gets a ragged tile in the middle of its range.
-    let per_task = m.div_ceil(threads * 4).next_multiple_of(CHUNK_ROWS);
+    let per_task = m.div_ceil(pool.current_num_threads() * 4).next_multiple_of(CHUNK_ROWS);
     if n == 1 {
         return pool.install(|| {
             out[..m]
                 .par_chunks_mut(per_task)
                 .enumerate()
-                .try_for_each(|(i, o)| {
-                    let r0 = i * per_task;
-                    matmul_rows(level, x, 1, k, w, dtype, r0..r0 + o.len(), o)
-                })
+                .try_for_each(|(i, o)| f(i * per_task..i * per_task + o.len(), o))
         });
     }
     // Output columns of one chunk are strided in `out`, so each task fills its own buffer and
@@ -124,7 +154,7 @@ pub fn matmul(
             .map(|i| {
                 let r = i * per_task..((i + 1) * per_task).min(m);
                 let mut buf = vec![0f32; n * r.len()];
-                matmul_rows(level, x, n, k, w, dtype, r.clone(), &mut buf)?;
+                f(r.clone(), &mut buf)?;
                 Ok((r.start, buf))
             })
             .collect()

@@ -23,6 +23,7 @@ pub use elementwise::{
     axpy_row, binary, decode_row, exp_sub_sum, rms_norm_rows, scale, softmax_rows,
 };
 pub use gemv::{gemv_rows, matmul, matmul_rows};
+pub use quant::QuantDot;
 pub use recurrent::{causal_conv1d, gated_delta_rule};
 pub use rope::rope;
 pub use select::{gather_rows, scatter_add_rows, top_k};

@@ -8,6 +8,7 @@ pub(crate) mod avx2;
 pub(crate) mod avx512;
 pub(crate) mod quant;
 pub(crate) mod qdot;
+pub(crate) mod qdot_i8;
 
 use ft_backend::DType;
 

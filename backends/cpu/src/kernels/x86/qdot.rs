@@ -27,9 +27,9 @@ use std::arch::x86_64::*;
 /// Most tokens one fused pass serves; more go through the decode-to-scratch path.
 pub(crate) const MAX_TOKENS: usize = 4;
 /// Software prefetch distance ahead of each row's read pointer, in bytes.
-const PF: usize = 1024;
+pub(super) const PF: usize = 1024;
 /// Twice the E2M1 values, by code (bit 3 is the sign): integers, so the table is exact.
-const E2M1_X2: [i8; 16] = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12];
+pub(super) const E2M1_X2: [i8; 16] = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12];
 
 /// Whether `dtype` has a fused kernel.
 pub(crate) fn supported(dtype: DType) -> bool {
@@ -92,7 +92,7 @@ type Acc<const R: usize, const N: usize> = [[__m256; N]; R];
 
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn hsum(v: __m256) -> f32 {
+pub(super) unsafe fn hsum(v: __m256) -> f32 {
     let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
     let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     let s = _mm_add_ss(s, _mm_movehdup_ps(s));
@@ -122,17 +122,19 @@ unsafe fn cvt(v: __m256i) -> __m256 {
 /// The two little-endian f16 values at `p`, widened.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn f16x2(p: *const u8) -> (f32, f32) {
+pub(super) unsafe fn f16x2(p: *const u8) -> (f32, f32) {
     let v = _mm_cvtph_ps(_mm_cvtsi32_si128((p as *const i32).read_unaligned()));
     (_mm_cvtss_f32(v), _mm_cvtss_f32(_mm_movehdup_ps(v)))
 }
 
-/// The little-endian f16 at `p`, widened.
+/// The little-endian f16 at `p`, widened into all eight lanes. Kept a full-width broadcast
+/// on purpose: when only lane 0 of a scalar conversion is used, LLVM inserts the f16 into
+/// whatever register is free (`vpinsrw`), often the accumulator, chaining every block's scale
+/// behind the previous block's FMA (that capped the 32-value types at ~10 values/ns).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn f16_at(p: *const u8) -> f32 {
-    let bits = (p as *const u16).read_unaligned() as i32;
-    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits)))
+pub(super) unsafe fn f16_splat(p: *const u8) -> __m256 {
+    _mm256_cvtph_ps(_mm_set1_epi16((p as *const i16).read_unaligned()))
 }
 
 /// Shifts each 32-bit lane left by `n` (right by `−n`); `n` is a constant once unrolled.
@@ -150,7 +152,7 @@ unsafe fn shl(v: __m256i, n: i32) -> __m256i {
 /// (ggml's `get_scale_min_k4` for all `j` at once), as integer-valued f32.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn k4_scales(p: *const u8) -> (__m256, __m256) {
+pub(super) unsafe fn k4_scales(p: *const u8) -> (__m256, __m256) {
     const K1: u32 = 0x3f3f_3f3f;
     const K2: u32 = 0x0f0f_0f0f;
     const K3: u32 = 0x0303_0303;
@@ -261,7 +263,7 @@ unsafe fn q8_0_blk<const R: usize, const N: usize>(
 ) {
     for r in 0..R {
         let p = w[r];
-        let d = _mm256_set1_ps(f16_at(p));
+        let d = f16_splat(p);
         let mut q = [_mm256_setzero_ps(); 4];
         for (i, v) in q.iter_mut().enumerate() {
             *v = cvt(_mm256_cvtepi8_epi32(_mm_loadl_epi64(
@@ -290,7 +292,7 @@ unsafe fn q4_0_blk<const R: usize, const N: usize>(
     let low = _mm256_set1_epi32(0x0f);
     for r in 0..R {
         let p = w[r];
-        let d = _mm256_set1_ps(f16_at(p));
+        let d = f16_splat(p);
         // Byte j holds value j (low nibble) and value j + 16 (high nibble).
         let (v0, v1) = (u8x8(p.add(2)), u8x8(p.add(10)));
         let q = [
@@ -408,7 +410,7 @@ unsafe fn q6_k_blk<const R: usize, const N: usize>(
     let (low, top) = (_mm256_set1_epi32(0x0f), _mm256_set1_epi32(0x30));
     for r in 0..R {
         let p = w[r];
-        let d = _mm256_set1_ps(f16_at(p.add(208)));
+        let d = f16_splat(p.add(208));
         let sc0 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(
             p.add(192) as *const __m128i
         )));

@@ -1,0 +1,169 @@
+//! The int8-activation kernels ([`QuantDot::Int8`]) against f64 references.
+
+use super::*;
+use ft_backend::conformance::Rng;
+
+/// Every int8 type: weights and their scalar decode, for `nrows` rows of `k` values.
+fn weights(dtype: DType, nrows: usize, k: usize, rng: &mut Rng) -> (Vec<u8>, Vec<f32>) {
+    let (kp, rb) = (dtype.padded(k), dtype.row_bytes(k));
+    let raw = super::tests::random_blocks(dtype, nrows * kp / dtype.block_elems(), rng);
+    let mut dec = vec![0f32; nrows * kp];
+    for r in 0..nrows {
+        super::super::elementwise::decode_scalar(&raw[r * rb..][..rb], dtype, &mut dec[r * kp..][..kp]);
+    }
+    (raw, dec)
+}
+
+const INT8_TYPES: [DType; 7] = [
+    DType::Q8_0,
+    DType::Q4_0,
+    DType::Q4K,
+    DType::Q5K,
+    DType::Q6K,
+    DType::Mxfp4,
+    DType::Nvfp4,
+];
+
+fn avx2() -> bool {
+    matches!(SimdLevel::Auto.effective(), SimdLevel::Avx2 | SimdLevel::Avx512)
+}
+
+/// Activations that int8 represents exactly (each group of 32 is `c·2^e` with integer
+/// `|c| ≤ 127` and one `|c| = 127`), so the integer kernels must give the f32 product of
+/// the dequantized weights: any wrong nibble, bit plane, scale or offset shows at once.
+/// Tolerance `1e-6 · Σ|x·w|`, as for the f32 fused kernels.
+#[test]
+fn int8_exact_on_representable_activations() {
+    if !avx2() {
+        eprintln!("skipped: the int8 kernels need AVX2");
+        return;
+    }
+    let mut rng = Rng::new(0x18a);
+    for dtype in INT8_TYPES {
+        let be = dtype.block_elems();
+        for &k in &[be, 3 * be, 2 * be - 40, 8 * be + 32] {
+            let kp = dtype.padded(k);
+            for &nrows in &[1usize, 2, 3, 5] {
+                let (raw, dec) = weights(dtype, nrows, k, &mut rng);
+                for n in 1..=4usize {
+                    let (xs, os) = (k + 5, nrows + 1);
+                    let mut x = vec![0f32; n * xs];
+                    for t in 0..n {
+                        for g0 in (0..k).step_by(32) {
+                            let e = ((rng.next_u64() % 9) as i32 - 4) as f32;
+                            for p in g0..(g0 + 32).min(k) {
+                                let c = if p == g0 { 127.0 } else { (rng.next_u64() % 255) as f32 - 127.0 };
+                                x[t * xs + p] = c * e.exp2();
+                            }
+                        }
+                    }
+                    let mut out = vec![f32::NAN; n * os];
+                    block(SimdLevel::Auto, QuantDot::Int8, &x, xs, n, k, &raw, dtype, nrows, &mut out, os)
+                        .expect("block");
+                    for t in 0..n {
+                        for r in 0..nrows {
+                            let (mut want, mut mag) = (0f64, 0f64);
+                            for p in 0..k {
+                                let v = x[t * xs + p] as f64 * dec[r * kp + p] as f64;
+                                want += v;
+                                mag += v.abs();
+                            }
+                            let got = out[t * os + r] as f64;
+                            assert!(
+                                (got - want).abs() <= 1e-6 * mag,
+                                "{dtype} n={n} k={k} rows={nrows} t={t} r={r}: got {got}, want {want}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Random activations: the error against the exact product stays within the rounding bound
+/// `Σ_p |w_p| · d_g(p) / 2` (each code is off by at most half its group's step `d_g`) plus
+/// `1e-6 · Σ|x·w|`; the typical relative error is printed.
+#[test]
+fn int8_error_within_rounding_bound() {
+    if !avx2() {
+        eprintln!("skipped: the int8 kernels need AVX2");
+        return;
+    }
+    let mut rng = Rng::new(0x18b);
+    for dtype in INT8_TYPES {
+        let (k, nrows, n) = (8 * dtype.block_elems() + 32, 9, 3);
+        let kp = dtype.padded(k);
+        let (raw, dec) = weights(dtype, nrows, k, &mut rng);
+        let x = rng.vec(n * k, 2.0);
+        let mut out = vec![0f32; n * nrows];
+        block(SimdLevel::Auto, QuantDot::Int8, &x, k, n, k, &raw, dtype, nrows, &mut out, nrows).expect("block");
+        let mut rel = 0f64;
+        for t in 0..n {
+            let xt = &x[t * k..][..k];
+            let steps: Vec<f64> = xt
+                .chunks(32)
+                .map(|g| g.iter().fold(0f32, |m, v| m.max(v.abs())) as f64 / 127.0)
+                .collect();
+            for r in 0..nrows {
+                let (mut want, mut mag, mut bound) = (0f64, 0f64, 0f64);
+                for p in 0..k {
+                    let w = dec[r * kp + p] as f64;
+                    want += xt[p] as f64 * w;
+                    mag += (xt[p] as f64 * w).abs();
+                    bound += w.abs() * steps[p / 32] / 2.0;
+                }
+                let err = (out[t * nrows + r] as f64 - want).abs();
+                assert!(err <= bound * 1.001 + 1e-6 * mag, "{dtype} t={t} r={r}: error {err} > bound {bound}");
+                rel = rel.max(err / mag);
+            }
+        }
+        println!("{dtype}: int8 worst error / Σ|x·w| = {rel:.2e}");
+    }
+}
+
+/// The pool-split product equals the single-thread one bit for bit, for both modes (rows are
+/// independent), and FP8 under `Int8` stays exact (it has no int8 kernel).
+#[test]
+fn pool_split_matches_single_thread() {
+    let pool = rayon::ThreadPoolBuilder::new().num_threads(3).build().expect("pool");
+    let mut rng = Rng::new(0x18c);
+    for dtype in DType::QUANTIZED {
+        let (k, m) = (4 * dtype.block_elems(), 200);
+        let (raw, _) = weights(dtype, m, k, &mut rng);
+        for n in [1usize, 3] {
+            let x = rng.vec(n * k, 1.0);
+            for dot in [QuantDot::Exact, QuantDot::Int8] {
+                let mut single = vec![0f32; n * m];
+                block(SimdLevel::Auto, dot, &x, k, n, k, &raw, dtype, m, &mut single, m).expect("block");
+                let mut split = vec![0f32; n * m];
+                super::super::matmul(&pool, SimdLevel::Auto, dot, &x, n, k, &raw, dtype, m, &mut split)
+                    .expect("matmul");
+                assert!(
+                    single.iter().zip(&split).all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "{dtype} {dot} n={n}: split differs"
+                );
+                if dtype == DType::F8E4M3 && dot == QuantDot::Int8 {
+                    let mut exact = vec![0f32; n * m];
+                    block(SimdLevel::Auto, QuantDot::Exact, &x, k, n, k, &raw, dtype, m, &mut exact, m)
+                        .expect("block");
+                    assert_eq!(exact, single, "fp8 has no int8 kernel and stays exact");
+                }
+            }
+        }
+    }
+}
+
+/// Bad shapes are errors, never out-of-bounds reads: short weights, short activations, a
+/// short output.
+#[test]
+fn prepared_shape_errors() {
+    let dtype = DType::Q4K;
+    let k = 256;
+    let w = vec![0u8; dtype.row_bytes(k) * 4];
+    let x = vec![1f32; 2 * k];
+    let mut out = vec![0f32; 8];
+    assert!(block(SimdLevel::Auto, QuantDot::Int8, &x, k, 2, k, &w[..100], dtype, 4, &mut out, 4).is_err());
+    assert!(block(SimdLevel::Auto, QuantDot::Int8, &x[..k + 3], k, 2, k, &w, dtype, 4, &mut out, 4).is_err());
+    assert!(block(SimdLevel::Auto, QuantDot::Int8, &x, k, 2, k, &w, dtype, 4, &mut out[..6], 4).is_err());
+}

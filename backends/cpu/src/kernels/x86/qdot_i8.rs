@@ -1,0 +1,536 @@
+//! AVX2 dot products of block-quantized weight rows with int8-quantized activations, the
+//! integer route llama.cpp takes: the 4-bit types are compute-bound when every code is widened
+//! to f32 ([`super::qdot`] streams Q4_K at about 9 GB/s per core), while `vpmaddubsw` multiplies
+//! 32 codes by 32 activations in one instruction.
+//!
+//! Activations are quantized per group of [`QK`] values: `a = round(x / d)`, `d = max|x| / 127`
+//! ([`quantize`]). A weight block then contributes, per group `g` of 32 values (16 for the
+//! NVFP4 and Q6_K scales, which `vpmaddwd` applies per half):
+//!
+//! * Q8_0, MXFP4, NVFP4 (signed codes, the sign moved onto the activation so `vpmaddubsw` sees
+//!   an unsigned operand): `s_w · d_g · Σ q·a`;
+//! * Q4_0, Q4_K, Q5_K, Q6_K (unsigned codes with an offset or a min): `s · d_g · Σ q·a` minus
+//!   `offset · S`, where `S` is the **exact** f32 sum of `x` over the sub-block (as in
+//!   [`super::qdot`]), so only the code term carries the activation rounding.
+//!
+//! Integer sums cannot overflow: `|q| ≤ 63` (Q6_K) or `≤ 128` against `|a| ≤ 127` keeps each
+//! `vpmaddubsw` pair below 2¹⁵, and Q6_K's scales (`|sc| ≤ 128`) keep `vpmaddwd` in i32.
+//!
+//! Safety contract of [`run`]: the CPU has AVX2, FMA and F16C, and the [`Job`] pointers cover
+//! `blocks` whole blocks per row for every row and token asked for.
+
+use super::qdot::{f16_splat, f16x2, hsum, k4_scales, E2M1_X2, PF};
+use ft_backend::quant::{e4m3_to_f32, e8m0_to_f32};
+use ft_backend::DType;
+use std::arch::x86_64::*;
+
+/// Activation values per int8 scale.
+pub(crate) const QK: usize = 32;
+
+/// Whether `dtype` has an int8 kernel (FP8's E4M3 codes are not integers).
+pub(crate) fn supported(dtype: DType) -> bool {
+    matches!(
+        dtype,
+        DType::Q8_0
+            | DType::Q4_0
+            | DType::Q4K
+            | DType::Q5K
+            | DType::Q6K
+            | DType::Mxfp4
+            | DType::Nvfp4
+    )
+}
+
+/// One pass: rows `0..nrows` of `w` against `n` int8-quantized tokens.
+#[derive(Clone, Copy)]
+pub(crate) struct Job {
+    /// Token `t`'s int8 activations, `blocks` whole blocks, at `q + t·qs`.
+    pub q: *const i8,
+    /// Bytes between tokens in `q`.
+    pub qs: usize,
+    /// Token `t`'s scales (one per [`QK`] values) at `d + t·ds`.
+    pub d: *const f32,
+    /// Elements between tokens in `d`.
+    pub ds: usize,
+    /// Token `t`'s exact sub-block sums ([`super::qdot::aux_per_block`] per block).
+    pub aux: *const f32,
+    /// Elements between tokens in `aux`.
+    pub auxs: usize,
+    /// First weight row (any alignment).
+    pub w: *const u8,
+    /// Bytes per weight row.
+    pub rb: usize,
+    /// Blocks per row.
+    pub blocks: usize,
+    /// `out[t·os + r]` receives token `t` · row `r`.
+    pub out: *mut f32,
+    /// Elements between tokens in `out`.
+    pub os: usize,
+}
+
+/// Quantizes `x` (whole groups of [`QK`]) into `q` with one scale per group into `d`.
+///
+/// # Safety
+/// The CPU has AVX2/FMA/F16C; `q.len() == x.len()`, `d.len() == x.len() / QK`.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn quantize(x: &[f32], q: &mut [i8], d: &mut [f32]) {
+    debug_assert!(x.len() % QK == 0 && q.len() == x.len() && d.len() == x.len() / QK);
+    let sign = _mm256_set1_ps(-0.0);
+    let order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    for ((xc, qc), dg) in x.chunks_exact(QK).zip(q.chunks_exact_mut(QK)).zip(d.iter_mut()) {
+        let v = [
+            _mm256_loadu_ps(xc.as_ptr()),
+            _mm256_loadu_ps(xc.as_ptr().add(8)),
+            _mm256_loadu_ps(xc.as_ptr().add(16)),
+            _mm256_loadu_ps(xc.as_ptr().add(24)),
+        ];
+        let m = _mm256_max_ps(
+            _mm256_max_ps(_mm256_andnot_ps(sign, v[0]), _mm256_andnot_ps(sign, v[1])),
+            _mm256_max_ps(_mm256_andnot_ps(sign, v[2]), _mm256_andnot_ps(sign, v[3])),
+        );
+        let m = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps::<1>(m));
+        let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+        let amax = _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
+        *dg = amax / 127.0;
+        let inv = _mm256_set1_ps(if amax > 0.0 { 127.0 / amax } else { 0.0 });
+        let i = v.map(|v| _mm256_cvtps_epi32(_mm256_mul_ps(v, inv)));
+        // The packs interleave 128-bit lanes; the permute puts the four dwords back in order.
+        let p = _mm256_packs_epi16(
+            _mm256_packs_epi32(i[0], i[1]),
+            _mm256_packs_epi32(i[2], i[3]),
+        );
+        _mm256_storeu_si256(
+            qc.as_mut_ptr() as *mut __m256i,
+            _mm256_permutevar8x32_epi32(p, order),
+        );
+    }
+}
+
+/// Runs `job` for `n` (1..=4) tokens and `nrows` rows of `dtype` (one [`supported`]).
+///
+/// # Safety
+/// See the module docs.
+pub(crate) unsafe fn run(dtype: DType, job: &Job, n: usize, nrows: usize) {
+    debug_assert!((1..=4).contains(&n));
+    match dtype {
+        DType::Q8_0 => q8_0(job, n, nrows),
+        DType::Q4_0 => q4_0(job, n, nrows),
+        DType::Q4K => q4_k(job, n, nrows),
+        DType::Q5K => q5_k(job, n, nrows),
+        DType::Q6K => q6_k(job, n, nrows),
+        DType::Mxfp4 => mxfp4(job, n, nrows),
+        DType::Nvfp4 => nvfp4(job, n, nrows),
+        other => unreachable!("{other} has no int8 kernel"),
+    }
+}
+
+/// Two accumulators per (row, token), so a block's scaled partial sums form two dependency
+/// chains instead of one.
+type Acc<const R: usize, const N: usize> = [[[__m256; 2]; N]; R];
+
+/// Pairwise `Σ u·i` of 32 unsigned and 32 signed bytes, as eight i32 sums of four.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_u(u: __m256i, i: __m256i) -> __m256i {
+    _mm256_madd_epi16(_mm256_maddubs_epi16(u, i), _mm256_set1_epi16(1))
+}
+
+/// `Σ w·a` of 32 signed weight bytes and 32 signed activations: the sign of `w` moves onto
+/// `a`, so the unsigned operand is `|w|` (128 for −128, still exact).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_s(w: __m256i, a: __m256i) -> __m256i {
+    dot_u(_mm256_sign_epi8(w, w), _mm256_sign_epi8(a, w))
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn lda(q: *const i8, i: usize) -> __m256i {
+    _mm256_loadu_si256(q.add(i) as *const __m256i)
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn cvt(v: __m256i) -> __m256 {
+    _mm256_cvtepi32_ps(v)
+}
+
+/// 16 bytes of packed nibbles at `p` as 32 bytes: low nibbles, then high nibbles.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn nibbles_lo_hi(p: *const u8) -> __m256i {
+    let v = _mm_loadu_si128(p as *const __m128i);
+    let m4 = _mm_set1_epi8(0x0f);
+    _mm256_set_m128i(
+        _mm_and_si128(_mm_srli_epi16::<4>(v), m4),
+        _mm_and_si128(v, m4),
+    )
+}
+
+/// Each 16-bit lane shifted left by `n` (right by `−n`); `n` is a constant once unrolled.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn shl16(v: __m256i, n: i32) -> __m256i {
+    if n >= 0 {
+        _mm256_sll_epi16(v, _mm_cvtsi32_si128(n))
+    } else {
+        _mm256_srl_epi16(v, _mm_cvtsi32_si128(-n))
+    }
+}
+
+/// Defines the row driver `$rows::<R, N>` and the entry `$entry` for a block kernel `$blk`
+/// (blocks of `$be` values in `$bb` bytes, `$apb` exact sums per block, `$fin` a final scale,
+/// `$r1` rows interleaved for one token), as [`super::qdot`] does for f32 activations.
+macro_rules! kernel {
+    ($entry:ident, $rows:ident, $blk:ident, $be:expr, $bb:expr, $apb:expr, $fin:expr, $r1:expr) => {
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn $rows<const R: usize, const N: usize>(j: &Job, r0: usize) {
+            let mut acc = [[[_mm256_setzero_ps(); 2]; N]; R];
+            let mut w = [j.w; R];
+            for (r, p) in w.iter_mut().enumerate() {
+                *p = j.w.add((r0 + r) * j.rb);
+            }
+            let (mut q, mut d, mut a) = ([j.q; N], [j.d; N], [j.aux; N]);
+            for t in 0..N {
+                q[t] = j.q.add(t * j.qs);
+                d[t] = j.d.add(t * j.ds);
+                a[t] = j.aux.add(t * j.auxs);
+            }
+            // Pointers are recomputed from the block index, one induction variable: advancing
+            // arrays of pointers kept them in memory and capped the 32-value types at ~10
+            // values/ns.
+            for i in 0..j.blocks {
+                let wb = w.map(|p| p.add(i * $bb));
+                for p in wb.iter() {
+                    let mut off = 0;
+                    while off < $bb {
+                        _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PF + off) as *const i8);
+                        off += 64;
+                    }
+                }
+                let (qb, db, ab) = (
+                    q.map(|p| p.add(i * $be)),
+                    d.map(|p| p.add(i * ($be / QK))),
+                    a.map(|p| p.add(i * $apb)),
+                );
+                $blk::<R, N>(&wb, &qb, &db, &ab, &mut acc);
+            }
+            for (r, row) in acc.iter().enumerate() {
+                for (t, v) in row.iter().enumerate() {
+                    *j.out.add(t * j.os + r0 + r) = hsum(_mm256_add_ps(v[0], v[1])) * $fin;
+                }
+            }
+        }
+
+        unsafe fn $entry(j: &Job, n: usize, nrows: usize) {
+            let step = if n == 1 { $r1 } else { 1 };
+            let mut r = 0;
+            while r + step <= nrows {
+                match n {
+                    1 => $rows::<{ $r1 }, 1>(j, r),
+                    2 => $rows::<1, 2>(j, r),
+                    3 => $rows::<1, 3>(j, r),
+                    _ => $rows::<1, 4>(j, r),
+                }
+                r += step;
+            }
+            while r < nrows {
+                match n {
+                    1 => $rows::<1, 1>(j, r),
+                    2 => $rows::<1, 2>(j, r),
+                    3 => $rows::<1, 3>(j, r),
+                    _ => $rows::<1, 4>(j, r),
+                }
+                r += 1;
+            }
+        }
+    };
+}
+
+kernel!(q8_0, q8_0_rows, q8_0_blk, 32, 34, 0, 1.0, 2);
+kernel!(q4_0, q4_0_rows, q4_0_blk, 32, 18, 1, 1.0, 2);
+kernel!(q4_k, q4_k_rows, q4_k_blk, 256, 144, 8, 1.0, 1);
+kernel!(q5_k, q5_k_rows, q5_k_blk, 256, 176, 8, 1.0, 1);
+kernel!(q6_k, q6_k_rows, q6_k_blk, 256, 210, 16, 1.0, 1);
+kernel!(mxfp4, mxfp4_rows, mxfp4_blk, 32, 17, 0, 0.5, 2);
+kernel!(nvfp4, nvfp4_rows, nvfp4_blk, 256, 148, 0, 0.5, 1);
+
+/// Q8_0: `d_w · d_g · Σ q·a`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q8_0_blk<const R: usize, const N: usize>(
+    w: &[*const u8; R],
+    q: &[*const i8; N],
+    d: &[*const f32; N],
+    _a: &[*const f32; N],
+    acc: &mut Acc<R, N>,
+) {
+    for r in 0..R {
+        let p = w[r];
+        let wv = _mm256_loadu_si256(p.add(2) as *const __m256i);
+        let dw = f16_splat(p);
+        for t in 0..N {
+            let s = cvt(dot_s(wv, lda(q[t], 0)));
+            let sc = _mm256_mul_ps(dw, _mm256_broadcast_ss(&*d[t]));
+            acc[r][t][0] = _mm256_fmadd_ps(s, sc, acc[r][t][0]);
+        }
+    }
+}
+
+/// Q4_0: `d_w · (d_g · Σ q·a − 8·S)` with `q` the unsigned nibble.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q4_0_blk<const R: usize, const N: usize>(
+    w: &[*const u8; R],
+    q: &[*const i8; N],
+    d: &[*const f32; N],
+    a: &[*const f32; N],
+    acc: &mut Acc<R, N>,
+) {
+    for r in 0..R {
+        let p = w[r];
+        let dw = f16_splat(p);
+        // Byte j holds value j (low nibble) and value j + 16 (high nibble).
+        let qv = nibbles_lo_hi(p.add(2));
+        for t in 0..N {
+            let s = cvt(dot_u(qv, lda(q[t], 0)));
+            let sc = _mm256_mul_ps(dw, _mm256_broadcast_ss(&*d[t]));
+            acc[r][t][0] = _mm256_fmadd_ps(s, sc, acc[r][t][0]);
+            // Taking d_w·S off all 8 lanes takes 8·d_w·S off their sum.
+            acc[r][t][1] = _mm256_fnmadd_ps(dw, _mm256_broadcast_ss(&*a[t]), acc[r][t][1]);
+        }
+    }
+}
+
+/// The eight combined scales `d·sc_j·d_j` of a Q4_K/Q5_K block for one token, and the
+/// `dmin·m_j · S_j` min term taken off.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn k4_prologue(p: *const u8, d: *const f32, a: *const f32, acc: &mut [__m256; 2]) -> [f32; 8] {
+    let (dd, dmin) = f16x2(p);
+    let (sc, mn) = k4_scales(p.add(4));
+    let mut s = [0f32; 8];
+    let cs = _mm256_mul_ps(_mm256_mul_ps(sc, _mm256_set1_ps(dd)), _mm256_loadu_ps(d));
+    _mm256_storeu_ps(s.as_mut_ptr(), cs);
+    let mv = _mm256_mul_ps(mn, _mm256_set1_ps(dmin));
+    acc[1] = _mm256_fnmadd_ps(mv, _mm256_loadu_ps(a), acc[1]);
+    s
+}
+
+/// Q4_K: `Σ_j (d·sc_j·d_j)·Σ q·a − Σ_j (dmin·m_j)·S_j` over the 8 sub-blocks of 32.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q4_k_blk<const R: usize, const N: usize>(
+    w: &[*const u8; R],
+    q: &[*const i8; N],
+    d: &[*const f32; N],
+    a: &[*const f32; N],
+    acc: &mut Acc<R, N>,
+) {
+    let m4 = _mm256_set1_epi8(0x0f);
+    for r in 0..R {
+        let p = w[r];
+        let mut s = [[0f32; 8]; N];
+        for t in 0..N {
+            s[t] = k4_prologue(p, d[t], a[t], &mut acc[r][t]);
+        }
+        for c in 0..4 {
+            // Bytes 32c + l hold values 64c + l (low nibbles) and 64c + 32 + l (high).
+            let v = _mm256_loadu_si256(p.add(16 + 32 * c) as *const __m256i);
+            let lo = _mm256_and_si256(v, m4);
+            let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(v), m4);
+            for t in 0..N {
+                let pl = cvt(dot_u(lo, lda(q[t], 64 * c)));
+                let ph = cvt(dot_u(hi, lda(q[t], 64 * c + 32)));
+                let x = _mm256_mul_ps(pl, _mm256_set1_ps(s[t][2 * c]));
+                let x = _mm256_fmadd_ps(ph, _mm256_set1_ps(s[t][2 * c + 1]), x);
+                acc[r][t][c & 1] = _mm256_add_ps(acc[r][t][c & 1], x);
+            }
+        }
+    }
+}
+
+/// Q5_K: as Q4_K, the fifth bit of value `32s + l` being bit `s` of `qh[l]`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q5_k_blk<const R: usize, const N: usize>(
+    w: &[*const u8; R],
+    q: &[*const i8; N],
+    d: &[*const f32; N],
+    a: &[*const f32; N],
+    acc: &mut Acc<R, N>,
+) {
+    let (m4, b4) = (_mm256_set1_epi8(0x0f), _mm256_set1_epi8(0x10));
+    for r in 0..R {
+        let p = w[r];
+        let mut s = [[0f32; 8]; N];
+        for t in 0..N {
+            s[t] = k4_prologue(p, d[t], a[t], &mut acc[r][t]);
+        }
+        let qh = _mm256_loadu_si256(p.add(16) as *const __m256i);
+        for c in 0..4 {
+            let v = _mm256_loadu_si256(p.add(48 + 32 * c) as *const __m256i);
+            // Bit s of each qh byte moved to bit 4 (16-bit shifts, then a per-byte mask).
+            let bl = _mm256_and_si256(shl16(qh, 4 - 2 * c as i32), b4);
+            let bh = _mm256_and_si256(shl16(qh, 3 - 2 * c as i32), b4);
+            let lo = _mm256_or_si256(_mm256_and_si256(v, m4), bl);
+            let hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(v), m4), bh);
+            for t in 0..N {
+                let pl = cvt(dot_u(lo, lda(q[t], 64 * c)));
+                let ph = cvt(dot_u(hi, lda(q[t], 64 * c + 32)));
+                let x = _mm256_mul_ps(pl, _mm256_set1_ps(s[t][2 * c]));
+                let x = _mm256_fmadd_ps(ph, _mm256_set1_ps(s[t][2 * c + 1]), x);
+                acc[r][t][c & 1] = _mm256_add_ps(acc[r][t][c & 1], x);
+            }
+        }
+    }
+}
+
+/// `vpshufb` patterns that spread Q6_K scales `2k` and `2k + 1` over 8 bytes each.
+const Q6_SCALE_SHUF: [[u8; 16]; 8] = {
+    let mut m = [[0u8; 16]; 8];
+    let mut k = 0;
+    while k < 8 {
+        let mut i = 0;
+        while i < 16 {
+            m[k][i] = (2 * k + i / 8) as u8;
+            i += 1;
+        }
+        k += 1;
+    }
+    m
+};
+
+/// Q6_K: `Σ_i d·d_g·sc_i·Σ q·a − 32·d·Σ_i sc_i·S_i` over the 16 sub-blocks of 16 (`q`
+/// unsigned 6-bit); `vpmaddwd` applies `sc_i` to each half of a 32-value group.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q6_k_blk<const R: usize, const N: usize>(
+    w: &[*const u8; R],
+    q: &[*const i8; N],
+    d: &[*const f32; N],
+    a: &[*const f32; N],
+    acc: &mut Acc<R, N>,
+) {
+    let (m4, m2) = (_mm256_set1_epi8(0x0f), _mm256_set1_epi8(0x30));
+    for r in 0..R {
+        let p = w[r];
+        let dd = f16_splat(p.add(208));
+        let sc8 = _mm_loadu_si128(p.add(192) as *const __m128i);
+        let sc0 = cvt(_mm256_cvtepi8_epi32(sc8));
+        let sc1 = cvt(_mm256_cvtepi8_epi32(_mm_srli_si128::<8>(sc8)));
+        let m32 = _mm256_mul_ps(_mm256_set1_ps(32.0), dd);
+        let (o0, o1) = (_mm256_mul_ps(sc0, m32), _mm256_mul_ps(sc1, m32));
+        let mut ds = [[0f32; 8]; N];
+        for t in 0..N {
+            acc[r][t][1] = _mm256_fnmadd_ps(o0, _mm256_loadu_ps(a[t]), acc[r][t][1]);
+            acc[r][t][1] = _mm256_fnmadd_ps(o1, _mm256_loadu_ps(a[t].add(8)), acc[r][t][1]);
+            let v = _mm256_mul_ps(_mm256_loadu_ps(d[t]), dd);
+            _mm256_storeu_ps(ds[t].as_mut_ptr(), v);
+        }
+        for h in 0..2 {
+            // Values 128h + 32·quarter + l: low 4 bits in ql byte 64h + 32·(quarter % 2) + l
+            // (nibble quarter / 2), top 2 bits in qh byte 32h + l (bits 2·quarter).
+            let ql0 = _mm256_loadu_si256(p.add(64 * h) as *const __m256i);
+            let ql1 = _mm256_loadu_si256(p.add(64 * h + 32) as *const __m256i);
+            let qh = _mm256_loadu_si256(p.add(128 + 32 * h) as *const __m256i);
+            let qv = [
+                _mm256_or_si256(
+                    _mm256_and_si256(ql0, m4),
+                    _mm256_and_si256(_mm256_slli_epi16::<4>(qh), m2),
+                ),
+                _mm256_or_si256(
+                    _mm256_and_si256(ql1, m4),
+                    _mm256_and_si256(_mm256_slli_epi16::<2>(qh), m2),
+                ),
+                _mm256_or_si256(
+                    _mm256_and_si256(_mm256_srli_epi16::<4>(ql0), m4),
+                    _mm256_and_si256(qh, m2),
+                ),
+                _mm256_or_si256(
+                    _mm256_and_si256(_mm256_srli_epi16::<4>(ql1), m4),
+                    _mm256_and_si256(_mm256_srli_epi16::<2>(qh), m2),
+                ),
+            ];
+            for (quarter, qq) in qv.iter().enumerate() {
+                let k = 4 * h + quarter;
+                let shuf = _mm_loadu_si128(Q6_SCALE_SHUF[k].as_ptr() as *const __m128i);
+                let sv = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc8, shuf));
+                for t in 0..N {
+                    let prod = _mm256_maddubs_epi16(*qq, lda(q[t], 32 * k));
+                    let sum = cvt(_mm256_madd_epi16(prod, sv));
+                    acc[r][t][k & 1] =
+                        _mm256_fmadd_ps(sum, _mm256_set1_ps(ds[t][k]), acc[r][t][k & 1]);
+                }
+            }
+        }
+    }
+}
+
+/// The doubled E2M1 values as a byte table in both 128-bit lanes.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn e2m1_table() -> __m256i {
+    _mm256_broadcastsi128_si256(_mm_loadu_si128(E2M1_X2.as_ptr() as *const __m128i))
+}
+
+/// MXFP4: `2^e · d_g · Σ (2·e2m1)·a` per block of 32 (the final `× ½` undoes the doubling).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn mxfp4_blk<const R: usize, const N: usize>(
+    w: &[*const u8; R],
+    q: &[*const i8; N],
+    d: &[*const f32; N],
+    _a: &[*const f32; N],
+    acc: &mut Acc<R, N>,
+) {
+    let table = e2m1_table();
+    for r in 0..R {
+        let p = w[r];
+        let e = e8m0_to_f32(*p);
+        let wv = _mm256_shuffle_epi8(table, nibbles_lo_hi(p.add(1)));
+        for t in 0..N {
+            let s = cvt(dot_s(wv, lda(q[t], 0)));
+            acc[r][t][0] = _mm256_fmadd_ps(s, _mm256_set1_ps(e * *d[t]), acc[r][t][0]);
+        }
+    }
+}
+
+/// NVFP4: `(e4m3(sc_g)·global) · d · Σ (2·e2m1)·a` per group of 16, two groups per 32
+/// activations (final `× ½`).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn nvfp4_blk<const R: usize, const N: usize>(
+    w: &[*const u8; R],
+    q: &[*const i8; N],
+    d: &[*const f32; N],
+    _a: &[*const f32; N],
+    acc: &mut Acc<R, N>,
+) {
+    let table = e2m1_table();
+    let m4 = _mm_set1_epi8(0x0f);
+    for r in 0..R {
+        let p = w[r];
+        let global = (p as *const f32).read_unaligned();
+        let mut gs = [0f32; 16];
+        for (g, s) in gs.iter_mut().enumerate() {
+            // The two scales multiply in f32 first, as the reference dequantization does.
+            *s = e4m3_to_f32(*p.add(4 + g)) * global;
+        }
+        for m in 0..8 {
+            let packed = _mm_loadu_si128(p.add(20 + 16 * m) as *const __m128i);
+            let lo = _mm_and_si128(packed, m4);
+            let hi = _mm_and_si128(_mm_srli_epi16::<4>(packed), m4);
+            // Low nibble is the even value: interleaving restores value order.
+            let codes = _mm256_set_m128i(_mm_unpackhi_epi8(lo, hi), _mm_unpacklo_epi8(lo, hi));
+            let wv = _mm256_shuffle_epi8(table, codes);
+            // i32 lanes 0..4 sum group 2m, lanes 4..8 group 2m + 1.
+            let sv = _mm256_set_m128(_mm_set1_ps(gs[2 * m + 1]), _mm_set1_ps(gs[2 * m]));
+            for t in 0..N {
+                let s = cvt(dot_s(wv, lda(q[t], 32 * m)));
+                let sc = _mm256_mul_ps(sv, _mm256_set1_ps(*d[t].add(m)));
+                acc[r][t][m & 1] = _mm256_fmadd_ps(s, sc, acc[r][t][m & 1]);
+            }
+        }
+    }
+}
