@@ -5,7 +5,8 @@
 //! llama.cpp's converter stores the vocabulary as parallel arrays (`tokenizer.ggml.tokens`,
 //! `token_type`, `merges`) and names the pre-tokenizer family in `tokenizer.ggml.pre`; the
 //! splitting regexes themselves are not stored, so they come from the table below, written as
-//! the family's own tokenizer.json writes them.
+//! the family's own tokenizer.json writes them. SentencePiece vocabularies (model `llama`) keep
+//! scores instead of merges; `spm.rs` turns them into a BPE with byte fallback.
 
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
@@ -41,9 +42,11 @@ const KEY_TEMPLATE_NAMES: &str = "tokenizer.chat_templates";
 
 // llama.cpp's token types (gguf-py `TokenType`).
 const TYPE_NORMAL: i64 = 1;
+const TYPE_UNKNOWN: i64 = 2;
 const TYPE_CONTROL: i64 = 3;
 const TYPE_USER_DEFINED: i64 = 4;
 const TYPE_UNUSED: i64 = 5;
+const TYPE_BYTE: i64 = 6;
 
 /// One `tokenizer.ggml.pre` family: how its HF tokenizer.json splits and normalizes text.
 struct PreFamily {
@@ -176,6 +179,7 @@ pub fn tokenizer_files(meta: &Metadata, path: &Path) -> Result<TokenizerFiles, T
     let tokens = keys.tokens()?;
     let bos = keys.token_id(KEY_BOS, tokens.len())?;
     let eos = keys.token_id(KEY_EOS, tokens.len())?;
+    let unk = keys.token_id(KEY_UNK, tokens.len())?;
 
     let (tokenizer_json, default_add_bos) = match model {
         _ if meta.contains_key(KEY_HF_JSON) => {
@@ -190,12 +194,10 @@ pub fn tokenizer_files(meta: &Metadata, path: &Path) -> Result<TokenizerFiles, T
             let family = keys.pre_family()?;
             (byte_level_bpe(&keys, &tokens, family)?, family.add_bos)
         }
-        "llama" => {
-            let msg = "tokenizer.ggml.model `llama` (SentencePiece) is not supported yet";
-            return Err(keys.error(KEY_MODEL, msg.into()));
-        }
+        // llama.cpp adds a BOS for SentencePiece vocabularies unless the file says otherwise.
+        "llama" => (spm::sentencepiece_bpe(&keys, &tokens, unk)?, true),
         other => {
-            let msg = format!("tokenizer model `{other}` is not supported (supported: gpt2)");
+            let msg = format!("tokenizer model `{other}` is not supported (supported: gpt2, llama)");
             return Err(keys.error(KEY_MODEL, msg));
         }
     };
@@ -227,7 +229,6 @@ pub fn tokenizer_files(meta: &Metadata, path: &Path) -> Result<TokenizerFiles, T
     config.insert("eos_token".into(), json!(eos_text));
     let pad = keys.token_id(KEY_PAD, tokens.len())?;
     config.insert("pad_token".into(), json!(content(pad)));
-    let unk = keys.token_id(KEY_UNK, tokens.len())?;
     config.insert("unk_token".into(), json!(content(unk)));
     if let Some(templates) = chat_templates(&keys)? {
         config.insert("chat_template".into(), templates);
@@ -277,6 +278,20 @@ impl<'a> Keys<'a> {
             Some(MetaValue::Bool(b)) => Ok(Some(*b)),
             Some(other) => Err(self.wrong_type(key, "a bool", other)),
         }
+    }
+
+    /// A numeric array (llama.cpp writes FLOAT32) as f64.
+    fn f64_array(&self, key: &str) -> Result<Option<Vec<f64>>, TokenizerError> {
+        let Some(value) = self.meta.get(key) else {
+            return Ok(None);
+        };
+        let bad = || self.wrong_type(key, "an array of numbers", value);
+        let items = value.as_array().ok_or_else(bad)?;
+        items
+            .iter()
+            .map(|v| v.as_f64().ok_or_else(bad))
+            .collect::<Result<Vec<_>, _>>()
+            .map(Some)
     }
 
     fn str_array(&self, key: &str) -> Result<Option<Vec<&'a str>>, TokenizerError> {
@@ -364,6 +379,12 @@ fn type_desc(v: &MetaValue) -> String {
     }
 }
 
+/// Whether the entry is one of the `[PAD{id}]` placeholders the converter pads the list with up
+/// to the model's embedding size, which the HF tokenizer never had.
+fn is_pad_placeholder(id: usize, tok: &TokenEntry) -> bool {
+    tok.kind == TYPE_UNUSED && tok.text.strip_prefix("[PAD").and_then(|s| s.strip_suffix(']')) == Some(id.to_string().as_str())
+}
+
 /// A byte-level BPE tokenizer.json (GPT-2 style, as Qwen, Llama 3, DeepSeek and GLM use).
 fn byte_level_bpe(keys: &Keys, tokens: &[TokenEntry], family: &PreFamily) -> Result<Json, TokenizerError> {
     let mut vocab = Map::new();
@@ -371,9 +392,7 @@ fn byte_level_bpe(keys: &Keys, tokens: &[TokenEntry], family: &PreFamily) -> Res
     let mut added = Vec::new();
     let mut seen: HashMap<&str, usize> = HashMap::new();
     for (id, tok) in tokens.iter().enumerate() {
-        // The converter pads the list up to the model's embedding size with `[PAD{id}]`
-        // placeholders that the HF tokenizer never had.
-        if tok.kind == TYPE_UNUSED && tok.text.strip_prefix("[PAD").and_then(|s| s.strip_suffix(']')) == Some(id.to_string().as_str()) {
+        if is_pad_placeholder(id, tok) {
             continue;
         }
         if let Some(prev) = seen.insert(tok.text, id) {
@@ -524,6 +543,9 @@ fn chat_templates(keys: &Keys) -> Result<Option<Json>, TokenizerError> {
         }
     })
 }
+
+#[path = "spm.rs"]
+mod spm;
 
 #[cfg(test)]
 #[path = "tokenizer_tests.rs"]

@@ -229,10 +229,9 @@ fn errors_name_the_key_and_file() {
     assert!(msg.contains("`klingon`") && msg.contains("qwen2") && msg.contains("deepseek-v3"), "{msg}");
 
     let mut meta = fixture_meta();
-    meta.insert(KEY_MODEL.into(), MetaValue::String("llama".into()));
-    assert!(config_error(&meta).1.contains("`llama` (SentencePiece) is not supported yet"));
     meta.insert(KEY_MODEL.into(), MetaValue::String("bert".into()));
-    assert!(config_error(&meta).1.contains("`bert` is not supported"));
+    let msg = config_error(&meta).1;
+    assert!(msg.contains("`bert` is not supported") && msg.contains("gpt2, llama"), "{msg}");
 
     let mut meta = fixture_meta();
     meta.insert(KEY_EOS.into(), MetaValue::U32(999_999));
@@ -328,22 +327,32 @@ w.write_tensors_to_file()
 w.close()
 "#;
 
-#[test]
-fn loads_a_tokenizer_written_by_gguf_py() {
+/// The Python (`FT_PYTHON` or `.venv/bin/python`) if it can import `modules`; `None` with a
+/// message when it cannot, a failure with `FT_REQUIRE_GGUF_PY=1` (CI, which installs them).
+fn python_with(modules: &str, check: &str) -> Option<PathBuf> {
     let python = std::env::var_os("FT_PYTHON")
         .map(PathBuf::from)
         .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join(".venv/bin/python"));
     let require = std::env::var("FT_REQUIRE_GGUF_PY").is_ok_and(|v| v == "1");
-    let probe = std::process::Command::new(&python).args(["-c", "import gguf"]).output();
-    if !probe.as_ref().is_ok_and(|o| o.status.success()) {
-        let why = match &probe {
-            Ok(o) => String::from_utf8_lossy(&o.stderr).into_owned(),
-            Err(e) => e.to_string(),
-        };
-        assert!(!require, "FT_REQUIRE_GGUF_PY=1 but {} cannot import gguf: {why}", python.display());
-        eprintln!("skipping the gguf-py tokenizer check: {} cannot import gguf ({why})", python.display());
-        return;
+    let probe = std::process::Command::new(&python).args(["-c", &format!("import {modules}")]).output();
+    if probe.as_ref().is_ok_and(|o| o.status.success()) {
+        return Some(python);
     }
+    let why = match &probe {
+        Ok(o) => String::from_utf8_lossy(&o.stderr).into_owned(),
+        Err(e) => e.to_string(),
+    };
+    let shown = python.display();
+    assert!(!require, "FT_REQUIRE_GGUF_PY=1 but {shown} cannot import {modules} (run .ci/install-python.sh): {why}");
+    eprintln!("skipping {check}: {shown} cannot import {modules} ({why}); run .ci/install-python.sh");
+    None
+}
+
+#[test]
+fn loads_a_tokenizer_written_by_gguf_py() {
+    let Some(python) = python_with("gguf", "the gguf-py tokenizer check") else {
+        return;
+    };
     let dir = std::env::temp_dir().join(format!("ft_gguf_tokenizer_{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("temp dir");
     let out = dir.join("tok.gguf");
@@ -368,5 +377,187 @@ fn loads_a_tokenizer_written_by_gguf_py() {
     assert_eq!(tok.pad_token_id(), hf.pad_token_id());
     assert_eq!(tok.special_ids(), hf.special_ids());
     assert_eq!(tok.chat_template(), hf.chat_template());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// SentencePiece metadata as convert_hf_to_gguf.py writes it: `<unk>`, `<s>`, `</s>`, the 256
+/// byte pieces, then `pieces` (NORMAL, with their scores).
+fn spm_meta(pieces: &[(&str, f32)]) -> Metadata {
+    let mut tokens = vec!["<unk>".to_string(), "<s>".into(), "</s>".into()];
+    let mut types = vec![2, 3, 3];
+    let mut scores = vec![0.0f32; 3];
+    for b in 0..=255u8 {
+        tokens.push(format!("<0x{b:02X}>"));
+        types.push(6);
+        scores.push(0.0);
+    }
+    for (text, score) in pieces {
+        tokens.push(text.to_string());
+        types.push(1);
+        scores.push(*score);
+    }
+    let mut meta = Metadata::new();
+    meta.insert(KEY_MODEL.into(), MetaValue::String("llama".into()));
+    meta.insert(KEY_PRE.into(), MetaValue::String("default".into()));
+    meta.insert(KEY_TOKENS.into(), MetaValue::Array(tokens.into_iter().map(MetaValue::String).collect()));
+    meta.insert(KEY_TYPES.into(), MetaValue::Array(types.into_iter().map(MetaValue::I32).collect()));
+    meta.insert("tokenizer.ggml.scores".into(), MetaValue::Array(scores.into_iter().map(MetaValue::F32).collect()));
+    meta.insert(KEY_BOS.into(), MetaValue::U32(1));
+    meta.insert(KEY_EOS.into(), MetaValue::U32(2));
+    meta.insert(KEY_UNK.into(), MetaValue::U32(0));
+    meta
+}
+
+/// Pieces whose scores make llama.cpp's highest-score-first merging differ from both
+/// leftmost-first and longest-match segmentation.
+const SPM_PIECES: &[(&str, f32)] = &[
+    ("▁", -10.0),
+    ("a", -10.0),
+    ("b", -10.0),
+    ("c", -10.0),
+    ("ab", -1.0),
+    ("bc", -0.5),
+    ("▁a", -2.0),
+    ("▁ab", -3.0),
+    ("abc", -4.0),
+];
+
+#[test]
+fn sentencepiece_merges_by_score_with_byte_fallback() {
+    let meta = spm_meta(SPM_PIECES);
+    let id = |piece: &str| 259 + SPM_PIECES.iter().position(|(p, _)| *p == piece).expect("piece") as u32;
+    let byte = |b: u8| 3 + u32::from(b);
+    let tok = Tokenizer::from_gguf(&meta, &gguf_path()).expect("loads");
+    // "▁abc▁ab", merged by hand as llama.cpp would: bc (-0.5), then the second ab (-1), then
+    // ▁a (-2) beats abc (-4), then ▁ab (-3); ▁abc is no piece.
+    let ids = tok.encode("abc ab", true).expect("encode");
+    assert_eq!(ids, [1, id("▁a"), id("bc"), id("▁ab")]);
+    assert_eq!(tok.decode(&ids, true).expect("decode"), "abc ab");
+    assert_eq!(tok.decode(&ids, false).expect("decode"), "<s> abc ab");
+    // `d` and `é` are no pieces: one byte token per UTF-8 byte.
+    let ids = tok.encode("dé", false).expect("encode");
+    assert_eq!(ids, [id("▁"), byte(b'd'), byte(0xC3), byte(0xA9)]);
+    assert_eq!(tok.decode(&ids, false).expect("decode"), "dé");
+    // A control token in the text is matched whole; the text after it gets its own prefix.
+    let ids = tok.encode("ab</s>c", false).expect("encode");
+    assert_eq!(ids, [id("▁ab"), 2, id("▁"), id("c")]);
+    assert_eq!(tok.encode("", true).expect("encode"), [1]);
+    assert_eq!(tok.encode("", false).expect("encode"), Vec::<u32>::new());
+    assert_eq!(tok.bos_token(), Some("<s>"));
+    assert_eq!(tok.eos_token_id(), Some(2));
+    assert_eq!(tok.unk_token(), Some("<unk>"));
+    assert_eq!(tok.special_ids(), [0, 1, 2]);
+    assert_eq!(tok.vocab_size(), 259 + SPM_PIECES.len());
+
+    let mut meta = spm_meta(SPM_PIECES);
+    meta.insert("tokenizer.ggml.add_space_prefix".into(), MetaValue::Bool(false));
+    meta.insert(KEY_ADD_BOS.into(), MetaValue::Bool(false));
+    let tok = Tokenizer::from_gguf(&meta, &gguf_path()).expect("loads");
+    // "abc▁ab": bc, ab, then ▁ab (-3) before abc (-4).
+    let ids = tok.encode("abc ab", true).expect("encode");
+    assert_eq!(ids, [id("abc"), id("▁ab")]);
+    assert_eq!(tok.decode(&ids, true).expect("decode"), "abc ab");
+    assert_eq!(tok.decode(&tok.encode(" a", true).expect("encode"), true).expect("decode"), " a");
+}
+
+#[test]
+fn sentencepiece_metadata_errors_name_the_key() {
+    let scores = "tokenizer.ggml.scores";
+    let mut meta = spm_meta(SPM_PIECES);
+    meta.remove(scores);
+    let (field, msg) = config_error(&meta);
+    assert_eq!(field, scores);
+    assert!(msg.contains("missing") && msg.contains("/models/fixture.gguf"), "{msg}");
+
+    let mut meta = spm_meta(SPM_PIECES);
+    if let Some(MetaValue::Array(s)) = meta.get_mut(scores) {
+        s.pop();
+    }
+    let (field, msg) = config_error(&meta);
+    assert_eq!(field, scores);
+    assert!(msg.contains("267 entries for 268 tokens"), "{msg}");
+
+    let mut meta = spm_meta(SPM_PIECES);
+    meta.insert(scores.into(), strings(&["x"]));
+    assert!(config_error(&meta).1.contains("array of numbers"));
+    meta.insert(scores.into(), MetaValue::F32(0.0));
+    assert!(config_error(&meta).1.contains("got a FLOAT32"));
+
+    let mut meta = spm_meta(SPM_PIECES);
+    if let Some(MetaValue::Array(s)) = meta.get_mut(scores) {
+        s[260] = MetaValue::F32(f32::NAN);
+    }
+    let (field, msg) = config_error(&meta);
+    assert_eq!(field, scores);
+    assert!(msg.contains("token 260 (\"a\") is NaN"), "{msg}");
+
+    let mut meta = spm_meta(SPM_PIECES);
+    meta.insert("tokenizer.ggml.add_space_prefix".into(), MetaValue::U8(1));
+    assert_eq!(config_error(&meta).0, "tokenizer.ggml.add_space_prefix");
+
+    let mut meta = spm_meta(SPM_PIECES);
+    if let Some(MetaValue::Array(t)) = meta.get_mut(KEY_TOKENS) {
+        t[262] = MetaValue::String("a".into());
+    }
+    let (field, msg) = config_error(&meta);
+    assert_eq!(field, KEY_TOKENS);
+    assert!(msg.contains("ids 260 and 262"), "{msg}");
+}
+
+/// Trains SentencePiece BPE models with the `sentencepiece` package, has gguf-py write them as
+/// llama.cpp's converter does (tests/python/spm_to_gguf.py), and checks that the rebuilt
+/// tokenizer encodes and decodes every case exactly as sentencepiece does.
+#[test]
+fn sentencepiece_gguf_matches_sentencepiece() {
+    let Some(python) = python_with("gguf, sentencepiece", "the SentencePiece GGUF check") else {
+        return;
+    };
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let dir = std::env::temp_dir().join(format!("ft_gguf_spm_{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let run = std::process::Command::new(&python)
+        .arg(root.join("tests/python/spm_to_gguf.py"))
+        .arg(&dir)
+        .arg(fixture_dir().join("cases.json"))
+        .output()
+        .expect("run python");
+    assert!(run.status.success(), "spm_to_gguf.py failed: {}", String::from_utf8_lossy(&run.stderr));
+    let expected = read_json(&dir.join("expected.json"));
+    let variants = expected.as_object().expect("variants");
+    assert_eq!(variants.len(), 2);
+    for (name, variant) in variants {
+        let path = PathBuf::from(variant["gguf"].as_str().expect("gguf path"));
+        let file = crate::model::gguf::file::GgufFile::open(&path).expect("gguf-py file opens");
+        let tok = Tokenizer::from_gguf(file.metadata(), &path).expect("tokenizer from gguf-py metadata");
+        let bos = variant["bos"].as_u64().expect("bos") as u32;
+        assert_eq!(tok.bos_token_id(), Some(bos), "{name}");
+        let cases = variant["cases"].as_array().expect("cases");
+        let mut byte_fallback = false;
+        for case in cases {
+            let text = case["text"].as_str().expect("text");
+            let want = ids_of(&case["ids"]);
+            let ids = tok.encode(text, true).expect("encode");
+            assert_eq!(ids, want, "{name}: ids for {text:?}: {:?}", tok.ids_to_tokens(&ids));
+            let decoded = tok.decode(&ids, true).expect("decode");
+            assert_eq!(decoded, case["decoded"].as_str().expect("decoded"), "{name}: decode of {text:?}");
+            if !text.contains("</s>") && !text.contains("<s>") {
+                assert_eq!(decoded, text, "{name}: round trip");
+            }
+            // Streaming decodes a short window at a time; the leading-space strip and byte
+            // runs must still come out as in the full decode.
+            let mut stream = tok.stream_decoder(true);
+            let mut streamed = String::new();
+            for &id in &ids {
+                streamed.extend(stream.step(&tok, id).expect("stream step"));
+            }
+            streamed.extend(stream.flush(&tok).expect("stream flush"));
+            assert_eq!(streamed, decoded, "{name}: streamed decode of {text:?}");
+            byte_fallback |= tok.ids_to_tokens(&ids).iter().any(|t| t.starts_with("<0x"));
+        }
+        assert!(cases.len() > 20 && byte_fallback, "{name}: the cases must reach byte fallback");
+        // The converter's `[PAD{id}]` placeholders are not part of the tokenizer.
+        let n_tokens = file.metadata()[KEY_TOKENS].as_array().expect("tokens").len();
+        assert_eq!(tok.vocab_size(), n_tokens - 3, "{name}");
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }
