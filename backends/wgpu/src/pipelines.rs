@@ -73,14 +73,7 @@ pub(crate) fn dtype_code(dtype: DType) -> u32 {
         DType::BF16 => 2,
         // Unreachable: block types go to matmul_quant.wgsl (codes in `crate::quant`), and
         // `WgpuBackend::window` refuses them for every other kernel.
-        DType::F8E4M3
-        | DType::Nvfp4
-        | DType::Mxfp4
-        | DType::Q8_0
-        | DType::Q4_0
-        | DType::Q4K
-        | DType::Q5K
-        | DType::Q6K => 0,
+        _ => 0,
     }
 }
 

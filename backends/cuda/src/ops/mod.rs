@@ -20,14 +20,7 @@ pub(crate) fn by_dtype(dtype: DType, names: [&'static str; 3]) -> &'static str {
         DType::BF16 => names[2],
         // Unreachable: block types go to `quant::matmul`, and `memory::ptr_at` refuses them
         // for every other kernel.
-        DType::F8E4M3
-        | DType::Nvfp4
-        | DType::Mxfp4
-        | DType::Q8_0
-        | DType::Q4_0
-        | DType::Q4K
-        | DType::Q5K
-        | DType::Q6K => names[0],
+        _ => names[0],
     }
 }
 

@@ -4,6 +4,36 @@
 //! Weights are raw little-endian bytes that may sit at any address (zero-copy imports of
 //! memory-mapped checkpoints), so every weight load here is an unaligned load.
 
+/// Defines the entry `$entry(j, n, nrows)` of a decode kernel over its row driver
+/// `$rows::<R, N>(j, r0)` (R rows × N tokens per pass): one token interleaves `$r1` rows;
+/// 2..=4 tokens take one row at a time, their partial sums being the parallelism.
+macro_rules! entry {
+    ($entry:ident, $rows:ident, $r1:expr) => {
+        unsafe fn $entry(j: &Job, n: usize, nrows: usize) {
+            let step = if n == 1 { $r1 } else { 1 };
+            let mut r = 0;
+            while r + step <= nrows {
+                match n {
+                    1 => $rows::<{ $r1 }, 1>(j, r),
+                    2 => $rows::<1, 2>(j, r),
+                    3 => $rows::<1, 3>(j, r),
+                    _ => $rows::<1, 4>(j, r),
+                }
+                r += step;
+            }
+            while r < nrows {
+                match n {
+                    1 => $rows::<1, 1>(j, r),
+                    2 => $rows::<1, 2>(j, r),
+                    3 => $rows::<1, 3>(j, r),
+                    _ => $rows::<1, 4>(j, r),
+                }
+                r += 1;
+            }
+        }
+    };
+}
+
 pub(crate) mod avx2;
 pub(crate) mod avx512;
 pub(crate) mod quant;
@@ -28,14 +58,7 @@ pub(crate) fn code(dtype: DType) -> u8 {
         DType::BF16 => BF16,
         // Callers route the block-quantized types to `kernels::quant` before asking (they
         // have no per-element code); F32 here would only be reached by a routing bug.
-        DType::F8E4M3
-        | DType::Nvfp4
-        | DType::Mxfp4
-        | DType::Q8_0
-        | DType::Q4_0
-        | DType::Q4K
-        | DType::Q5K
-        | DType::Q6K => F32,
+        _ => F32,
     }
 }
 

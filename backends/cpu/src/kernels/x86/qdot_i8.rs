@@ -222,28 +222,7 @@ macro_rules! kernel {
             }
         }
 
-        unsafe fn $entry(j: &Job, n: usize, nrows: usize) {
-            let step = if n == 1 { $r1 } else { 1 };
-            let mut r = 0;
-            while r + step <= nrows {
-                match n {
-                    1 => $rows::<{ $r1 }, 1>(j, r),
-                    2 => $rows::<1, 2>(j, r),
-                    3 => $rows::<1, 3>(j, r),
-                    _ => $rows::<1, 4>(j, r),
-                }
-                r += step;
-            }
-            while r < nrows {
-                match n {
-                    1 => $rows::<1, 1>(j, r),
-                    2 => $rows::<1, 2>(j, r),
-                    3 => $rows::<1, 3>(j, r),
-                    _ => $rows::<1, 4>(j, r),
-                }
-                r += 1;
-            }
-        }
+        entry!($entry, $rows, $r1);
     };
 }
 
