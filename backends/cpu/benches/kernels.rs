@@ -1,9 +1,14 @@
-//! Throughput of one-token matmuls against block-quantized weights, as a fraction of the
-//! memory read bandwidth measured in the same run (ignored by default). Run in release:
+//! The CPU matmul kernels alone, per weight dtype and shape (`cargo bench`, no harness):
 //!
 //! ```text
-//! FT_BENCH_THREADS=2 cargo test --release -p ft-backend-cpu --test quant_bench -- --ignored --nocapture
+//! FT_BENCH_THREADS=2 cargo bench -p ft-backend-cpu --bench kernels
 //! ```
+//!
+//! 1. One-token matmuls through the backend in both `QuantDot` modes: GB/s of weight bytes
+//!    (counted from the packed sizes) as a fraction of a read-bandwidth probe run in the
+//!    same process.
+//! 2. One thread, a cache-warm matrix, 1, 2, 4 and 5 tokens: GFLOP/s (2·n·k·m per timed call)
+//!    and GB/s, the kernels' compute rate free of pool and memory effects.
 //!
 //! `FT_BENCH_THREADS` sets the worker count (default: the backend's). Shapes are those of a
 //! Qwen3-30B-A3B expert (hidden 2048, expert width 768): gate/up `k=2048 × 768 rows`, down
@@ -74,8 +79,12 @@ fn time(warm: usize, reps: usize, mut f: impl FnMut()) -> f64 {
     v[v.len() / 2]
 }
 
-#[test]
-#[ignore = "timing, run by hand in release"]
+fn main() {
+    quant_gemv_throughput();
+    quant_kernel_rate_single_thread();
+}
+
+/// Part 1 of the module docs.
 fn quant_gemv_throughput() {
     let threads = std::env::var("FT_BENCH_THREADS")
         .ok()
@@ -124,6 +133,8 @@ fn throughput(b: &CpuBackend, threads: Option<usize>, quant_dot: QuantDot) {
         "", "µs  GB/s  %bw", "µs  GB/s  %bw", "µs/exp GB/s %bw", "µs/exp GB/s %bw"
     );
     for dtype in [
+        DType::F32,
+        DType::F16,
         DType::BF16,
         DType::Q8_0,
         DType::Q4_0,
@@ -134,7 +145,7 @@ fn throughput(b: &CpuBackend, threads: Option<usize>, quant_dot: QuantDot) {
         DType::Nvfp4,
         DType::F8E4M3,
     ] {
-        if quant_dot == QuantDot::Int8 && matches!(dtype, DType::BF16 | DType::F8E4M3) {
+        if quant_dot == QuantDot::Int8 && (!dtype.is_quantized() || dtype == DType::F8E4M3) {
             continue; // no int8 kernel: the exact table's row
         }
         // gate/up: [768, 2048]; down: [2048, 768] (the same values, reshaped).
@@ -207,8 +218,7 @@ fn throughput(b: &CpuBackend, threads: Option<usize>, quant_dot: QuantDot) {
 /// One thread, one cache-warm `k=2048 × 768` matrix, straight through
 /// `kernels::matmul` on a one-thread pool, in both [`QuantDot`] modes: the kernels' compute rate (values/ns) for 1..=4 tokens, free of
 /// pool and memory effects.
-#[test]
-#[ignore = "timing, run by hand in release"]
+/// Part 2 of the module docs.
 fn quant_kernel_rate_single_thread() {
     use ft_backend_cpu::{kernels, SimdLevel};
     let (k, m) = (2048, 768);
@@ -217,8 +227,10 @@ fn quant_kernel_rate_single_thread() {
     let x = rng.vec(5 * k, 1.0);
     let mut out = vec![0f32; 5 * m];
     let pool = rayon::ThreadPoolBuilder::new().num_threads(1).build().expect("pool");
-    println!("1 thread, k={k} × {m} rows, warm: values/ns (GB/s of weights) per token count");
+    println!("1 thread, k={k} × {m} rows, warm: GFLOP/s (GB/s of weights) per token count");
     for dtype in [
+        DType::F32,
+        DType::F16,
         DType::BF16,
         DType::Q8_0,
         DType::Q4_0,
@@ -239,8 +251,8 @@ fn quant_kernel_rate_single_thread() {
                         .expect("matmul");
                 });
                 line += &format!(
-                    " n={n}: {:5.2} ({:5.2} GB/s)",
-                    (m * k) as f64 / per / 1e9,
+                    " n={n}: {:5.1} ({:5.2} GB/s)",
+                    (2 * n * m * k) as f64 / per / 1e9,
                     w.len() as f64 / per / 1e9
                 );
             }
