@@ -162,7 +162,7 @@ fn extra(m: &GgufModel) -> Result<Vec<ExternalTensor>, ModelError> {
 
 /// The values of `t`, which must hold `shape` (outermost first; a 2-D file tensor with the
 /// same innermost size and count is accepted), decoded to f32.
-fn values(t: &GgufTensor, shape: &[usize]) -> Result<Vec<f32>, ModelError> {
+pub(super) fn values(t: &GgufTensor, shape: &[usize]) -> Result<Vec<f32>, ModelError> {
     let cols = *shape.last().unwrap_or(&0);
     let count: usize = shape.iter().product();
     let dims_count: usize = t.dims.iter().product();

@@ -9,6 +9,7 @@ mod gpt_oss;
 mod mixtral;
 mod qwen2_moe;
 mod qwen3_moe;
+mod qwen3_next;
 
 use super::config::ConfigError;
 use super::gguf::{MetaValue, Metadata};
@@ -54,7 +55,7 @@ pub const LLAMA: &[TensorPair] = &[
 ];
 
 /// Every architecture a GGUF file may hold.
-pub const SPECS: &[&ArchSpec] = &[&qwen3_moe::SPEC, &qwen2_moe::SPEC, &mixtral::SPEC, &gpt_oss::SPEC, &deepseek2::SPEC, &glm4_moe::SPEC];
+pub const SPECS: &[&ArchSpec] = &[&qwen3_moe::SPEC, &qwen2_moe::SPEC, &mixtral::SPEC, &gpt_oss::SPEC, &deepseek2::SPEC, &glm4_moe::SPEC, &qwen3_next::QWEN3_NEXT, &qwen3_next::QWEN35_MOE];
 
 /// Typed access to GGUF metadata, with errors naming the file and key.
 pub struct GgufKeys<'a> {

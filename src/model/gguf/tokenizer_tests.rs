@@ -283,6 +283,9 @@ fn every_family_builds_and_segments_like_llama_cpp() {
     };
     let qwen = files("qwen2");
     assert_eq!(pieces(&qwen, "ab 123"), ["ab", " ", "1", "2", "3"]);
+    assert_eq!(pieces(&qwen, "e\u{301}x 12"), ["e", "\u{301}x", " ", "1", "2"]);
+    // Qwen3.5 keeps a combining mark with its letter.
+    assert_eq!(pieces(&files("qwen35"), "e\u{301}x 12"), ["e\u{301}x", " ", "1", "2"]);
     let llama3 = files("llama-bpe");
     assert_eq!(pieces(&llama3, "I'VE 12345"), ["I", "'VE", " ", "123", "45"]);
     assert_eq!(llama3.tokenizer_json["model"]["ignore_merges"], Json::Bool(true));
