@@ -12,30 +12,12 @@
 
 use super::deepseek2::{decoder_layers, sigmoid_routing, MOE};
 use super::qwen3_moe::EXPERTS;
-use super::{ArchSpec, GgufKeys, TensorPair};
+use super::{ArchSpec, GgufKeys, ATTN_PROJ, POST_NORM_LAYOUT, QKV_BIAS, QK_NORM};
 use crate::model::config::ConfigError;
 use serde_json::{json, Map, Value};
 
-/// Embedding, head and attention with biases, q/k norms and `post_attention_norm`.
-const ATTENTION: &[TensorPair] = &[
-    ("token_embd.weight", "model.embed_tokens.weight"),
-    ("output_norm.weight", "model.norm.weight"),
-    ("output.weight", "lm_head.weight"),
-    ("blk.{i}.attn_norm.weight", "model.layers.{i}.input_layernorm.weight"),
-    ("blk.{i}.post_attention_norm.weight", "model.layers.{i}.post_attention_layernorm.weight"),
-    ("blk.{i}.attn_q.weight", "model.layers.{i}.self_attn.q_proj.weight"),
-    ("blk.{i}.attn_k.weight", "model.layers.{i}.self_attn.k_proj.weight"),
-    ("blk.{i}.attn_v.weight", "model.layers.{i}.self_attn.v_proj.weight"),
-    ("blk.{i}.attn_output.weight", "model.layers.{i}.self_attn.o_proj.weight"),
-    ("blk.{i}.attn_q.bias", "model.layers.{i}.self_attn.q_proj.bias"),
-    ("blk.{i}.attn_k.bias", "model.layers.{i}.self_attn.k_proj.bias"),
-    ("blk.{i}.attn_v.bias", "model.layers.{i}.self_attn.v_proj.bias"),
-    ("blk.{i}.attn_q_norm.weight", "model.layers.{i}.self_attn.q_norm.weight"),
-    ("blk.{i}.attn_k_norm.weight", "model.layers.{i}.self_attn.k_norm.weight"),
-];
-
 /// GLM-4.5 MoE as llama.cpp converts it.
-pub const SPEC: ArchSpec = ArchSpec { gguf: "glm4moe", model_type: "glm4_moe", tensors: &[ATTENTION, MOE], experts: EXPERTS, permuted_qk: false, config, extra: None };
+pub const SPEC: ArchSpec = ArchSpec { gguf: "glm4moe", model_type: "glm4_moe", tensors: &[POST_NORM_LAYOUT, ATTN_PROJ, QKV_BIAS, QK_NORM, MOE], experts: EXPERTS, permuted_qk: false, config, extra: None };
 
 /// llama.cpp's default gating for GLM4_MOE: sigmoid.
 const GATING_DEFAULT: usize = 2;

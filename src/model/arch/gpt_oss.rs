@@ -10,27 +10,14 @@
 //! the biases, split the same way, as stacked f32 `[E, I]`/`[E, H]` tensors
 //! (`mlp.experts.{gate,up,down}_proj_bias`).
 
-use super::{ArchSpec, GgufKeys, TensorPair};
+use super::{ArchSpec, GgufKeys, TensorPair, ATTN_PROJ, POST_NORM_LAYOUT, QKV_BIAS};
 use crate::model::config::ConfigError;
 use crate::model::gguf::MetaValue;
 use serde_json::{json, Map, Value};
 
-/// Every non-expert tensor: llama's layout with `post_attention_norm` for the second norm,
-/// biases on all four attention projections, sinks, the router under `mlp.router`, and the
-/// experts' biases.
+/// What gpt-oss adds to the shared tables: the output projection's bias, sinks, the router
+/// under `mlp.router`, and the experts' biases.
 const TENSORS: &[TensorPair] = &[
-    ("token_embd.weight", "model.embed_tokens.weight"),
-    ("output_norm.weight", "model.norm.weight"),
-    ("output.weight", "lm_head.weight"),
-    ("blk.{i}.attn_norm.weight", "model.layers.{i}.input_layernorm.weight"),
-    ("blk.{i}.post_attention_norm.weight", "model.layers.{i}.post_attention_layernorm.weight"),
-    ("blk.{i}.attn_q.weight", "model.layers.{i}.self_attn.q_proj.weight"),
-    ("blk.{i}.attn_k.weight", "model.layers.{i}.self_attn.k_proj.weight"),
-    ("blk.{i}.attn_v.weight", "model.layers.{i}.self_attn.v_proj.weight"),
-    ("blk.{i}.attn_output.weight", "model.layers.{i}.self_attn.o_proj.weight"),
-    ("blk.{i}.attn_q.bias", "model.layers.{i}.self_attn.q_proj.bias"),
-    ("blk.{i}.attn_k.bias", "model.layers.{i}.self_attn.k_proj.bias"),
-    ("blk.{i}.attn_v.bias", "model.layers.{i}.self_attn.v_proj.bias"),
     ("blk.{i}.attn_output.bias", "model.layers.{i}.self_attn.o_proj.bias"),
     // The converter appends `.weight` to `self_attn.sinks` before mapping it.
     ("blk.{i}.attn_sinks.weight", "model.layers.{i}.self_attn.sinks"),
@@ -50,7 +37,7 @@ const EXPERTS: &[TensorPair] = &[
 ];
 
 /// gpt-oss as llama.cpp converts it.
-pub const SPEC: ArchSpec = ArchSpec { gguf: "gpt-oss", model_type: "gpt_oss", tensors: &[TENSORS], experts: EXPERTS, permuted_qk: false, config, extra: None };
+pub const SPEC: ArchSpec = ArchSpec { gguf: "gpt-oss", model_type: "gpt_oss", tensors: &[POST_NORM_LAYOUT, ATTN_PROJ, QKV_BIAS, TENSORS], experts: EXPERTS, permuted_qk: false, config, extra: None };
 
 /// The clamp and slope of gpt-oss's SwiGLU, which llama.cpp compiles in
 /// (`LLM_FFN_SWIGLU_OAI_MOE`: `ggml_swiglu_oai(…, 1.702, 7.0)`); its converter writes neither.

@@ -54,6 +54,37 @@ pub const LLAMA: &[TensorPair] = &[
     ("blk.{i}.ffn_norm.weight", "model.layers.{i}.post_attention_layernorm.weight"),
 ];
 
+/// Embedding, head and the two norms of the families that call the second one
+/// `post_attention_norm` (GLM, gpt-oss).
+pub const POST_NORM_LAYOUT: &[TensorPair] = &[
+    ("token_embd.weight", "model.embed_tokens.weight"),
+    ("output_norm.weight", "model.norm.weight"),
+    ("output.weight", "lm_head.weight"),
+    ("blk.{i}.attn_norm.weight", "model.layers.{i}.input_layernorm.weight"),
+    ("blk.{i}.post_attention_norm.weight", "model.layers.{i}.post_attention_layernorm.weight"),
+];
+
+/// The four attention projections' weights.
+pub const ATTN_PROJ: &[TensorPair] = &[
+    ("blk.{i}.attn_q.weight", "model.layers.{i}.self_attn.q_proj.weight"),
+    ("blk.{i}.attn_k.weight", "model.layers.{i}.self_attn.k_proj.weight"),
+    ("blk.{i}.attn_v.weight", "model.layers.{i}.self_attn.v_proj.weight"),
+    ("blk.{i}.attn_output.weight", "model.layers.{i}.self_attn.o_proj.weight"),
+];
+
+/// Biases on the query, key and value projections (Qwen, GLM, gpt-oss).
+pub const QKV_BIAS: &[TensorPair] = &[
+    ("blk.{i}.attn_q.bias", "model.layers.{i}.self_attn.q_proj.bias"),
+    ("blk.{i}.attn_k.bias", "model.layers.{i}.self_attn.k_proj.bias"),
+    ("blk.{i}.attn_v.bias", "model.layers.{i}.self_attn.v_proj.bias"),
+];
+
+/// Per-head RMS norms of queries and keys (Qwen3, GLM).
+pub const QK_NORM: &[TensorPair] = &[
+    ("blk.{i}.attn_q_norm.weight", "model.layers.{i}.self_attn.q_norm.weight"),
+    ("blk.{i}.attn_k_norm.weight", "model.layers.{i}.self_attn.k_norm.weight"),
+];
+
 /// Every architecture a GGUF file may hold.
 pub const SPECS: &[&ArchSpec] = &[&qwen3_moe::SPEC, &qwen2_moe::SPEC, &mixtral::SPEC, &gpt_oss::SPEC, &deepseek2::SPEC, &glm4_moe::SPEC, &qwen3_next::QWEN3_NEXT, &qwen3_next::QWEN35_MOE];
 

@@ -1,7 +1,7 @@
 //! Qwen2-MoE (`qwen2_moe`; GGUF `qwen2moe`): Qwen's layers with a gated shared expert.
 
 use super::qwen3_moe::{EXPERTS, QWEN};
-use super::{ArchSpec, GgufKeys, TensorPair, LLAMA};
+use super::{ArchSpec, GgufKeys, TensorPair, LLAMA, QKV_BIAS, QK_NORM};
 use crate::model::config::ConfigError;
 use serde_json::{json, Map, Value};
 
@@ -14,7 +14,7 @@ const SHARED: &[TensorPair] = &[
 ];
 
 /// Qwen2-MoE as llama.cpp converts it.
-pub const SPEC: ArchSpec = ArchSpec { gguf: "qwen2moe", model_type: "qwen2_moe", tensors: &[LLAMA, QWEN, SHARED], experts: EXPERTS, permuted_qk: false, config, extra: None };
+pub const SPEC: ArchSpec = ArchSpec { gguf: "qwen2moe", model_type: "qwen2_moe", tensors: &[LLAMA, QKV_BIAS, QK_NORM, QWEN, SHARED], experts: EXPERTS, permuted_qk: false, config, extra: None };
 
 fn config(k: &GgufKeys, c: &mut Map<String, Value>) -> Result<(), ConfigError> {
     if let Some(n) = k.usize_opt("expert_shared_feed_forward_length")? {

@@ -1,17 +1,12 @@
 //! Qwen3-MoE (`qwen3_moe`; GGUF `qwen3moe`).
 
-use super::{ArchSpec, GgufKeys, TensorPair, LLAMA};
+use super::{ArchSpec, GgufKeys, TensorPair, LLAMA, QKV_BIAS, QK_NORM};
 use crate::model::config::ConfigError;
 use serde_json::{json, Map, Value};
 
-/// What Qwen-family layers add to the llama layout: biases, q/k norms, the router under
-/// `mlp.gate` and dense MLP layers.
+/// What Qwen-family layers add to the llama layout beside biases and q/k norms
+/// ([`QKV_BIAS`], [`QK_NORM`]): the router under `mlp.gate` and dense MLP layers.
 pub(super) const QWEN: &[TensorPair] = &[
-    ("blk.{i}.attn_q.bias", "model.layers.{i}.self_attn.q_proj.bias"),
-    ("blk.{i}.attn_k.bias", "model.layers.{i}.self_attn.k_proj.bias"),
-    ("blk.{i}.attn_v.bias", "model.layers.{i}.self_attn.v_proj.bias"),
-    ("blk.{i}.attn_q_norm.weight", "model.layers.{i}.self_attn.q_norm.weight"),
-    ("blk.{i}.attn_k_norm.weight", "model.layers.{i}.self_attn.k_norm.weight"),
     ("blk.{i}.ffn_gate_inp.weight", "model.layers.{i}.mlp.gate.weight"),
     ("blk.{i}.ffn_gate.weight", "model.layers.{i}.mlp.gate_proj.weight"),
     ("blk.{i}.ffn_up.weight", "model.layers.{i}.mlp.up_proj.weight"),
@@ -26,7 +21,7 @@ pub(super) const EXPERTS: &[TensorPair] = &[
 ];
 
 /// Qwen3-MoE as llama.cpp converts it.
-pub const SPEC: ArchSpec = ArchSpec { gguf: "qwen3moe", model_type: "qwen3_moe", tensors: &[LLAMA, QWEN], experts: EXPERTS, permuted_qk: false, config, extra: None };
+pub const SPEC: ArchSpec = ArchSpec { gguf: "qwen3moe", model_type: "qwen3_moe", tensors: &[LLAMA, QKV_BIAS, QK_NORM, QWEN], experts: EXPERTS, permuted_qk: false, config, extra: None };
 
 fn config(k: &GgufKeys, c: &mut Map<String, Value>) -> Result<(), ConfigError> {
     // llama.cpp always renormalises Qwen3-MoE's top-k weights (every published config says

@@ -28,7 +28,7 @@
 
 use super::deepseek2::{decoder_layers, values};
 use super::qwen3_moe::EXPERTS;
-use super::{ArchSpec, GgufKeys, TensorPair};
+use super::{ArchSpec, GgufKeys, TensorPair, ATTN_PROJ, QKV_BIAS};
 use crate::model::config::{Arch, ConfigError, LayerKind, LinearAttnConfig};
 use crate::model::gguf::load::{file_dtype, format_err, row_bytes, GgufModel};
 use crate::model::gguf::{GgufTensor, MetaValue};
@@ -37,18 +37,11 @@ use crate::model::ModelError;
 use ft_backend::{DType, HostBytes};
 use serde_json::{json, Map, Value};
 
-/// Tensors both families store as their checkpoints do. Norms and DeltaNet projections are
-/// left to the `extra` hook.
+/// Tensors both families store as their checkpoints do, beside the attention projections
+/// ([`ATTN_PROJ`], [`QKV_BIAS`]). Norms and DeltaNet projections are left to the `extra` hook.
 const TENSORS: &[TensorPair] = &[
     ("token_embd.weight", "model.embed_tokens.weight"),
     ("output.weight", "lm_head.weight"),
-    ("blk.{i}.attn_q.weight", "model.layers.{i}.self_attn.q_proj.weight"),
-    ("blk.{i}.attn_k.weight", "model.layers.{i}.self_attn.k_proj.weight"),
-    ("blk.{i}.attn_v.weight", "model.layers.{i}.self_attn.v_proj.weight"),
-    ("blk.{i}.attn_output.weight", "model.layers.{i}.self_attn.o_proj.weight"),
-    ("blk.{i}.attn_q.bias", "model.layers.{i}.self_attn.q_proj.bias"),
-    ("blk.{i}.attn_k.bias", "model.layers.{i}.self_attn.k_proj.bias"),
-    ("blk.{i}.attn_v.bias", "model.layers.{i}.self_attn.v_proj.bias"),
     ("blk.{i}.ssm_norm.weight", "model.layers.{i}.linear_attn.norm.weight"),
     ("blk.{i}.ffn_gate_inp.weight", "model.layers.{i}.mlp.gate.weight"),
     ("blk.{i}.ffn_gate_inp_shexp.weight", "model.layers.{i}.mlp.shared_expert_gate.weight"),
@@ -62,11 +55,11 @@ const TENSORS: &[TensorPair] = &[
 
 /// Qwen3-Next as llama.cpp converts it.
 pub const QWEN3_NEXT: ArchSpec =
-    ArchSpec { gguf: "qwen3next", model_type: "qwen3_next", tensors: &[TENSORS], experts: EXPERTS, permuted_qk: false, config, extra: Some(extra) };
+    ArchSpec { gguf: "qwen3next", model_type: "qwen3_next", tensors: &[ATTN_PROJ, QKV_BIAS, TENSORS], experts: EXPERTS, permuted_qk: false, config, extra: Some(extra) };
 
 /// Qwen3.5/3.6-MoE (text) as llama.cpp converts it.
 pub const QWEN35_MOE: ArchSpec =
-    ArchSpec { gguf: "qwen35moe", model_type: "qwen3_5_moe", tensors: &[TENSORS], experts: EXPERTS, permuted_qk: false, config, extra: Some(extra) };
+    ArchSpec { gguf: "qwen35moe", model_type: "qwen3_5_moe", tensors: &[ATTN_PROJ, QKV_BIAS, TENSORS], experts: EXPERTS, permuted_qk: false, config, extra: Some(extra) };
 
 /// llama.cpp's layer pattern without `full_attention_interval`.
 const DEFAULT_INTERVAL: usize = 4;

@@ -281,19 +281,46 @@ unsafe fn q4_0_blk<const R: usize, const N: usize>(
     }
 }
 
-/// The eight combined scales `d·sc_j·d_j` of a Q4_K/Q5_K block for one token, and the
-/// `dmin·m_j · S_j` min term taken off.
+/// Per token, the eight combined scales `d·sc_j·d_j` of a Q4_K/Q5_K block; the min term
+/// `Σ_j dmin·m_j · S_j` is taken off each token's accumulators here.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn k4_prologue(p: *const u8, d: *const f32, a: *const f32, acc: &mut [__m256; 2]) -> [f32; 8] {
+unsafe fn k4_prologue<const N: usize>(
+    p: *const u8,
+    d: &[*const f32; N],
+    a: &[*const f32; N],
+    acc: &mut [[__m256; 2]; N],
+) -> [[f32; 8]; N] {
     let (dd, dmin) = f16x2(p);
     let (sc, mn) = k4_scales(p.add(4));
-    let mut s = [0f32; 8];
-    let cs = _mm256_mul_ps(_mm256_mul_ps(sc, _mm256_set1_ps(dd)), _mm256_loadu_ps(d));
-    _mm256_storeu_ps(s.as_mut_ptr(), cs);
-    let mv = _mm256_mul_ps(mn, _mm256_set1_ps(dmin));
-    acc[1] = _mm256_fnmadd_ps(mv, _mm256_loadu_ps(a), acc[1]);
+    let (scd, mv) = (_mm256_mul_ps(sc, _mm256_set1_ps(dd)), _mm256_mul_ps(mn, _mm256_set1_ps(dmin)));
+    let mut s = [[0f32; 8]; N];
+    for t in 0..N {
+        _mm256_storeu_ps(s[t].as_mut_ptr(), _mm256_mul_ps(scd, _mm256_loadu_ps(d[t])));
+        acc[t][1] = _mm256_fnmadd_ps(mv, _mm256_loadu_ps(a[t]), acc[t][1]);
+    }
     s
+}
+
+/// Sub-blocks `2c` (codes `lo`) and `2c + 1` (`hi`) of a Q4_K/Q5_K block against every token,
+/// scaled by the combined scales `s` of [`k4_prologue`].
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn k4_pair<const N: usize>(
+    lo: __m256i,
+    hi: __m256i,
+    c: usize,
+    q: &[*const i8; N],
+    s: &[[f32; 8]; N],
+    acc: &mut [[__m256; 2]; N],
+) {
+    for t in 0..N {
+        let pl = cvt(dot_u(lo, lda(q[t], 64 * c)));
+        let ph = cvt(dot_u(hi, lda(q[t], 64 * c + 32)));
+        let x = _mm256_mul_ps(pl, _mm256_set1_ps(s[t][2 * c]));
+        let x = _mm256_fmadd_ps(ph, _mm256_set1_ps(s[t][2 * c + 1]), x);
+        acc[t][c & 1] = _mm256_add_ps(acc[t][c & 1], x);
+    }
 }
 
 /// Q4_K: `Σ_j (d·sc_j·d_j)·Σ q·a − Σ_j (dmin·m_j)·S_j` over the 8 sub-blocks of 32.
@@ -309,22 +336,13 @@ unsafe fn q4_k_blk<const R: usize, const N: usize>(
     let m4 = _mm256_set1_epi8(0x0f);
     for r in 0..R {
         let p = w[r];
-        let mut s = [[0f32; 8]; N];
-        for t in 0..N {
-            s[t] = k4_prologue(p, d[t], a[t], &mut acc[r][t]);
-        }
+        let s = k4_prologue(p, d, a, &mut acc[r]);
         for c in 0..4 {
             // Bytes 32c + l hold values 64c + l (low nibbles) and 64c + 32 + l (high).
             let v = _mm256_loadu_si256(p.add(16 + 32 * c) as *const __m256i);
             let lo = _mm256_and_si256(v, m4);
             let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(v), m4);
-            for t in 0..N {
-                let pl = cvt(dot_u(lo, lda(q[t], 64 * c)));
-                let ph = cvt(dot_u(hi, lda(q[t], 64 * c + 32)));
-                let x = _mm256_mul_ps(pl, _mm256_set1_ps(s[t][2 * c]));
-                let x = _mm256_fmadd_ps(ph, _mm256_set1_ps(s[t][2 * c + 1]), x);
-                acc[r][t][c & 1] = _mm256_add_ps(acc[r][t][c & 1], x);
-            }
+            k4_pair(lo, hi, c, q, &s, &mut acc[r]);
         }
     }
 }
@@ -342,10 +360,7 @@ unsafe fn q5_k_blk<const R: usize, const N: usize>(
     let (m4, b4) = (_mm256_set1_epi8(0x0f), _mm256_set1_epi8(0x10));
     for r in 0..R {
         let p = w[r];
-        let mut s = [[0f32; 8]; N];
-        for t in 0..N {
-            s[t] = k4_prologue(p, d[t], a[t], &mut acc[r][t]);
-        }
+        let s = k4_prologue(p, d, a, &mut acc[r]);
         let qh = _mm256_loadu_si256(p.add(16) as *const __m256i);
         for c in 0..4 {
             let v = _mm256_loadu_si256(p.add(48 + 32 * c) as *const __m256i);
@@ -354,13 +369,7 @@ unsafe fn q5_k_blk<const R: usize, const N: usize>(
             let bh = _mm256_and_si256(shl16(qh, 3 - 2 * c as i32), b4);
             let lo = _mm256_or_si256(_mm256_and_si256(v, m4), bl);
             let hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(v), m4), bh);
-            for t in 0..N {
-                let pl = cvt(dot_u(lo, lda(q[t], 64 * c)));
-                let ph = cvt(dot_u(hi, lda(q[t], 64 * c + 32)));
-                let x = _mm256_mul_ps(pl, _mm256_set1_ps(s[t][2 * c]));
-                let x = _mm256_fmadd_ps(ph, _mm256_set1_ps(s[t][2 * c + 1]), x);
-                acc[r][t][c & 1] = _mm256_add_ps(acc[r][t][c & 1], x);
-            }
+            k4_pair(lo, hi, c, q, &s, &mut acc[r]);
         }
     }
 }
