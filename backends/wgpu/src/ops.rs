@@ -1,7 +1,7 @@
 //! Host side of the matmul, normalisation, rotary and attention kernels: shape checks,
 //! bindings and parameters.
 
-use crate::memory::{check_range, expect_dtype, need, u32_of, wbuf};
+use crate::memory::{check_range, expect_dtype, need, u32_of, wbuf, Window};
 use crate::pipelines::{dtype_code, Bind, Kernel};
 use crate::WgpuBackend;
 use ft_backend::{
@@ -15,6 +15,25 @@ const MAX_HEAD_DIM: usize = 1024;
 const MAX_V_HEAD_DIM: usize = 64 * 16;
 
 impl WgpuBackend {
+    /// The f32 bias (`m` values) and output (`n × m`) windows of a matmul, for every
+    /// weight type.
+    pub(crate) fn matmul_bias_out<'a>(
+        &self,
+        bias: Option<&'a DeviceBuffer>,
+        out: &'a DeviceBuffer,
+        d: &MatmulDesc,
+    ) -> Result<(Option<Window<'a>>, Window<'a>)> {
+        let bs = match bias {
+            Some(b) => {
+                expect_dtype(b, DType::F32, "matmul bias")?;
+                Some(self.window(b, d.bias_offset, d.m, "matmul bias")?)
+            }
+            None => None,
+        };
+        let os = self.window(out, d.out_offset, need(d.n, d.m, "matmul out")?, "matmul out")?;
+        Ok((bs, os))
+    }
+
     pub(crate) fn run_matmul(
         &self,
         x: &DeviceBuffer,
@@ -30,19 +49,7 @@ impl WgpuBackend {
         expect_dtype(out, DType::F32, "matmul out")?;
         let xs = self.window(x, d.x_offset, need(d.n, d.k, "matmul x")?, "matmul x")?;
         let ws = self.window(w, d.w_offset, need(d.m, d.k, "matmul w")?, "matmul w")?;
-        let bs = match bias {
-            Some(b) => {
-                expect_dtype(b, DType::F32, "matmul bias")?;
-                Some(self.window(b, d.bias_offset, d.m, "matmul bias")?)
-            }
-            None => None,
-        };
-        let os = self.window(
-            out,
-            d.out_offset,
-            need(d.n, d.m, "matmul out")?,
-            "matmul out",
-        )?;
+        let (bs, os) = self.matmul_bias_out(bias, out, d)?;
         if d.n == 0 || d.m == 0 {
             return Ok(());
         }

@@ -102,19 +102,7 @@ impl WgpuBackend {
         let start = need(d.w_offset / be, dt.size(), "matmul w")?;
         let xs = self.window(x, d.x_offset, need(d.n, d.k, "matmul x")?, "matmul x")?;
         let ws = self.byte_window(w, start, need(d.m, row_bytes, "matmul w")?, "matmul w")?;
-        let bs = match bias {
-            Some(b) => {
-                expect_dtype(b, DType::F32, "matmul bias")?;
-                Some(self.window(b, d.bias_offset, d.m, "matmul bias")?)
-            }
-            None => None,
-        };
-        let os = self.window(
-            out,
-            d.out_offset,
-            need(d.n, d.m, "matmul out")?,
-            "matmul out",
-        )?;
+        let (bs, os) = self.matmul_bias_out(bias, out, d)?;
         if d.n == 0 || d.m == 0 {
             return Ok(());
         }

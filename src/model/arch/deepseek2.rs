@@ -202,59 +202,54 @@ fn merge_kv_b(k_b: &[f32], v_b: &[f32], nh: usize, nope: usize, v: usize, lora: 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::arch::{config_json, hf_name, spec_for};
+    use crate::model::arch::test_meta::{gguf_meta, load_config};
+    use crate::model::arch::{hf_name, spec_for};
     use crate::model::config::{ModelConfig, RopeScaling, RoutingKind};
     use crate::model::gguf::{MetaValue, Metadata};
     use std::path::Path;
 
     /// Metadata as llama.cpp's converter writes it for a small DeepSeek-V3.
     fn meta() -> Metadata {
-        let mut m = Metadata::new();
-        m.insert("general.architecture".into(), MetaValue::String("deepseek2".into()));
-        for (key, v) in [
-            ("block_count", MetaValue::U32(3)),
-            ("context_length", MetaValue::U32(4096)),
-            ("embedding_length", MetaValue::U32(64)),
-            ("feed_forward_length", MetaValue::U32(128)),
-            ("attention.head_count", MetaValue::U32(4)),
-            ("attention.head_count_kv", MetaValue::U32(1)),
-            ("attention.key_length", MetaValue::U32(40)),
-            ("attention.value_length", MetaValue::U32(32)),
-            ("attention.key_length_mla", MetaValue::U32(24)),
-            ("attention.value_length_mla", MetaValue::U32(16)),
-            ("attention.q_lora_rank", MetaValue::U32(48)),
-            ("attention.kv_lora_rank", MetaValue::U32(32)),
-            ("attention.layer_norm_rms_epsilon", MetaValue::F32(1e-6)),
-            ("rope.dimension_count", MetaValue::U32(8)),
-            ("rope.freq_base", MetaValue::F32(10000.0)),
-            ("rope.scaling.type", MetaValue::String("yarn".into())),
-            ("rope.scaling.factor", MetaValue::F32(4.0)),
-            ("rope.scaling.original_context_length", MetaValue::U32(1024)),
-            ("rope.scaling.yarn_log_multiplier", MetaValue::F32(0.1)),
-            ("expert_count", MetaValue::U32(8)),
-            ("expert_used_count", MetaValue::U32(2)),
-            ("expert_feed_forward_length", MetaValue::U32(32)),
-            ("expert_shared_count", MetaValue::U32(1)),
-            ("expert_group_count", MetaValue::U32(4)),
-            ("expert_group_used_count", MetaValue::U32(2)),
-            ("expert_gating_func", MetaValue::U32(2)),
-            ("expert_weights_scale", MetaValue::F32(2.5)),
-            ("expert_weights_norm", MetaValue::Bool(true)),
-            ("leading_dense_block_count", MetaValue::U32(1)),
-            ("vocab_size", MetaValue::U32(1024)),
-        ] {
-            m.insert(format!("deepseek2.{key}"), v);
-        }
-        m
+        gguf_meta(
+            "deepseek2",
+            &[
+                ("block_count", MetaValue::U32(3)),
+                ("context_length", MetaValue::U32(4096)),
+                ("embedding_length", MetaValue::U32(64)),
+                ("feed_forward_length", MetaValue::U32(128)),
+                ("attention.head_count", MetaValue::U32(4)),
+                ("attention.head_count_kv", MetaValue::U32(1)),
+                ("attention.key_length", MetaValue::U32(40)),
+                ("attention.value_length", MetaValue::U32(32)),
+                ("attention.key_length_mla", MetaValue::U32(24)),
+                ("attention.value_length_mla", MetaValue::U32(16)),
+                ("attention.q_lora_rank", MetaValue::U32(48)),
+                ("attention.kv_lora_rank", MetaValue::U32(32)),
+                ("attention.layer_norm_rms_epsilon", MetaValue::F32(1e-6)),
+                ("rope.dimension_count", MetaValue::U32(8)),
+                ("rope.freq_base", MetaValue::F32(10000.0)),
+                ("rope.scaling.type", MetaValue::String("yarn".into())),
+                ("rope.scaling.factor", MetaValue::F32(4.0)),
+                ("rope.scaling.original_context_length", MetaValue::U32(1024)),
+                ("rope.scaling.yarn_log_multiplier", MetaValue::F32(0.1)),
+                ("expert_count", MetaValue::U32(8)),
+                ("expert_used_count", MetaValue::U32(2)),
+                ("expert_feed_forward_length", MetaValue::U32(32)),
+                ("expert_shared_count", MetaValue::U32(1)),
+                ("expert_group_count", MetaValue::U32(4)),
+                ("expert_group_used_count", MetaValue::U32(2)),
+                ("expert_gating_func", MetaValue::U32(2)),
+                ("expert_weights_scale", MetaValue::F32(2.5)),
+                ("expert_weights_norm", MetaValue::Bool(true)),
+                ("leading_dense_block_count", MetaValue::U32(1)),
+                ("vocab_size", MetaValue::U32(1024)),
+            ],
+            &[],
+        )
     }
 
     fn load(m: &Metadata) -> Result<(Value, ModelConfig), ConfigError> {
-        let path = Path::new("/models/ds.gguf");
-        let spec = spec_for(m, path)?;
-        let has = |name: &str| name == "output.weight";
-        let c = config_json(spec, &GgufKeys { meta: m, arch: spec.gguf, path, tensors: &has })?;
-        let cfg = ModelConfig::from_json(&c, path)?;
-        Ok((c, cfg))
+        load_config(m, "/models/ds.gguf", &|name: &str| name == "output.weight")
     }
 
     #[test]

@@ -43,51 +43,46 @@ fn config(k: &GgufKeys, c: &mut Map<String, Value>) -> Result<(), ConfigError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::arch::{config_json, hf_name, spec_for};
+    use crate::model::arch::test_meta::{gguf_meta, load_config};
+    use crate::model::arch::{hf_name, spec_for};
     use crate::model::config::{ModelConfig, RoutingKind};
     use crate::model::gguf::{MetaValue, Metadata};
     use std::path::Path;
 
     /// Metadata as llama.cpp's converter writes it for a small GLM-4.5 with one MTP layer.
     fn meta() -> Metadata {
-        let mut m = Metadata::new();
-        m.insert("general.architecture".into(), MetaValue::String("glm4moe".into()));
-        for (key, v) in [
-            ("block_count", MetaValue::U32(4)),
-            ("nextn_predict_layers", MetaValue::U32(1)),
-            ("context_length", MetaValue::U32(4096)),
-            ("embedding_length", MetaValue::U32(64)),
-            ("feed_forward_length", MetaValue::U32(128)),
-            ("attention.head_count", MetaValue::U32(4)),
-            ("attention.head_count_kv", MetaValue::U32(2)),
-            ("attention.key_length", MetaValue::U32(32)),
-            ("attention.value_length", MetaValue::U32(32)),
-            ("attention.layer_norm_rms_epsilon", MetaValue::F32(1e-5)),
-            ("rope.dimension_count", MetaValue::U32(16)),
-            ("rope.freq_base", MetaValue::F32(10000.0)),
-            ("expert_count", MetaValue::U32(8)),
-            ("expert_used_count", MetaValue::U32(2)),
-            ("expert_feed_forward_length", MetaValue::U32(32)),
-            ("expert_shared_count", MetaValue::U32(1)),
-            ("expert_group_count", MetaValue::U32(1)),
-            ("expert_group_used_count", MetaValue::U32(1)),
-            ("expert_weights_scale", MetaValue::F32(2.5)),
-            ("expert_weights_norm", MetaValue::Bool(true)),
-            ("leading_dense_block_count", MetaValue::U32(1)),
-            ("vocab_size", MetaValue::U32(1024)),
-        ] {
-            m.insert(format!("glm4moe.{key}"), v);
-        }
-        m
+        gguf_meta(
+            "glm4moe",
+            &[
+                ("block_count", MetaValue::U32(4)),
+                ("nextn_predict_layers", MetaValue::U32(1)),
+                ("context_length", MetaValue::U32(4096)),
+                ("embedding_length", MetaValue::U32(64)),
+                ("feed_forward_length", MetaValue::U32(128)),
+                ("attention.head_count", MetaValue::U32(4)),
+                ("attention.head_count_kv", MetaValue::U32(2)),
+                ("attention.key_length", MetaValue::U32(32)),
+                ("attention.value_length", MetaValue::U32(32)),
+                ("attention.layer_norm_rms_epsilon", MetaValue::F32(1e-5)),
+                ("rope.dimension_count", MetaValue::U32(16)),
+                ("rope.freq_base", MetaValue::F32(10000.0)),
+                ("expert_count", MetaValue::U32(8)),
+                ("expert_used_count", MetaValue::U32(2)),
+                ("expert_feed_forward_length", MetaValue::U32(32)),
+                ("expert_shared_count", MetaValue::U32(1)),
+                ("expert_group_count", MetaValue::U32(1)),
+                ("expert_group_used_count", MetaValue::U32(1)),
+                ("expert_weights_scale", MetaValue::F32(2.5)),
+                ("expert_weights_norm", MetaValue::Bool(true)),
+                ("leading_dense_block_count", MetaValue::U32(1)),
+                ("vocab_size", MetaValue::U32(1024)),
+            ],
+            &[],
+        )
     }
 
     fn load(m: &Metadata) -> Result<(Value, ModelConfig), ConfigError> {
-        let path = Path::new("/models/glm.gguf");
-        let spec = spec_for(m, path)?;
-        let has = |name: &str| name == "output.weight" || name.ends_with("attn_q.bias") || name.ends_with("attn_q_norm.weight");
-        let c = config_json(spec, &GgufKeys { meta: m, arch: spec.gguf, path, tensors: &has })?;
-        let cfg = ModelConfig::from_json(&c, path)?;
-        Ok((c, cfg))
+        load_config(m, "/models/glm.gguf", &|name: &str| name == "output.weight" || name.ends_with("attn_q.bias") || name.ends_with("attn_q_norm.weight"))
     }
 
     #[test]

@@ -121,49 +121,39 @@ fn swiglu_clamp(k: &GgufKeys) -> Result<Option<f64>, ConfigError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::arch::{config_json, spec_for};
+    use crate::model::arch::test_meta::{gguf_meta, load_config};
     use crate::model::config::{LayerKind, ModelConfig, RopeScaling};
     use crate::model::gguf::Metadata;
-    use std::path::Path;
 
     fn meta(extra: &[(&str, MetaValue)]) -> Metadata {
-        let mut m = Metadata::new();
-        m.insert("general.architecture".into(), MetaValue::String("gpt-oss".into()));
-        for (key, v) in [
-            ("block_count", MetaValue::U32(4)),
-            ("context_length", MetaValue::U32(131072)),
-            ("embedding_length", MetaValue::U32(64)),
-            ("feed_forward_length", MetaValue::U32(32)),
-            ("expert_feed_forward_length", MetaValue::U32(32)),
-            ("attention.head_count", MetaValue::U32(4)),
-            ("attention.head_count_kv", MetaValue::U32(2)),
-            ("attention.key_length", MetaValue::U32(16)),
-            ("attention.value_length", MetaValue::U32(16)),
-            ("attention.layer_norm_rms_epsilon", MetaValue::F32(1e-5)),
-            ("attention.sliding_window", MetaValue::U32(128)),
-            ("expert_count", MetaValue::U32(8)),
-            ("expert_used_count", MetaValue::U32(2)),
-            ("rope.freq_base", MetaValue::F32(150000.0)),
-            ("rope.scaling.type", MetaValue::String("yarn".into())),
-            ("rope.scaling.factor", MetaValue::F32(32.0)),
-            ("rope.scaling.original_context_length", MetaValue::U32(4096)),
-            ("vocab_size", MetaValue::U32(1024)),
-        ] {
-            m.insert(format!("gpt-oss.{key}"), v);
-        }
-        for (key, v) in extra {
-            m.insert((*key).into(), v.clone());
-        }
-        m
+        gguf_meta(
+            "gpt-oss",
+            &[
+                ("block_count", MetaValue::U32(4)),
+                ("context_length", MetaValue::U32(131072)),
+                ("embedding_length", MetaValue::U32(64)),
+                ("feed_forward_length", MetaValue::U32(32)),
+                ("expert_feed_forward_length", MetaValue::U32(32)),
+                ("attention.head_count", MetaValue::U32(4)),
+                ("attention.head_count_kv", MetaValue::U32(2)),
+                ("attention.key_length", MetaValue::U32(16)),
+                ("attention.value_length", MetaValue::U32(16)),
+                ("attention.layer_norm_rms_epsilon", MetaValue::F32(1e-5)),
+                ("attention.sliding_window", MetaValue::U32(128)),
+                ("expert_count", MetaValue::U32(8)),
+                ("expert_used_count", MetaValue::U32(2)),
+                ("rope.freq_base", MetaValue::F32(150000.0)),
+                ("rope.scaling.type", MetaValue::String("yarn".into())),
+                ("rope.scaling.factor", MetaValue::F32(32.0)),
+                ("rope.scaling.original_context_length", MetaValue::U32(4096)),
+                ("vocab_size", MetaValue::U32(1024)),
+            ],
+            extra,
+        )
     }
 
     fn load(m: &Metadata) -> Result<(Value, ModelConfig), ConfigError> {
-        let path = Path::new("/models/gpt-oss.gguf");
-        let spec = spec_for(m, path)?;
-        let has = |name: &str| name.ends_with("attn_q.bias") || name == "output.weight";
-        let c = config_json(spec, &GgufKeys { meta: m, arch: spec.gguf, path, tensors: &has })?;
-        let cfg = ModelConfig::from_json(&c, path)?;
-        Ok((c, cfg))
+        load_config(m, "/models/gpt-oss.gguf", &|name: &str| name.ends_with("attn_q.bias") || name == "output.weight")
     }
 
     #[test]

@@ -328,3 +328,5 @@ pub fn gguf_name(spec: &ArchSpec, hf: &str) -> Option<String> {
 #[cfg(test)]
 #[path = "tests.rs"]
 mod tests;
+#[cfg(test)]
+mod test_meta;

@@ -1,51 +1,46 @@
 //! Metadata → config for both families, and the head orders the converter writes.
 
 use super::*;
-use crate::model::arch::{config_json, hf_name, spec_for};
+use crate::model::arch::test_meta::{gguf_meta, load_config};
+use crate::model::arch::{hf_name, spec_for};
 use crate::model::config::ModelConfig;
 use crate::model::gguf::{MetaValue, Metadata};
 use std::path::Path;
 
 /// Metadata as llama.cpp's converter writes it for the test fixtures.
 fn meta(arch: &str) -> Metadata {
-    let mut m = Metadata::new();
-    m.insert("general.architecture".into(), MetaValue::String(arch.into()));
-    for (key, v) in [
-        ("block_count", MetaValue::U32(4)),
-        ("context_length", MetaValue::U32(4096)),
-        ("embedding_length", MetaValue::U32(64)),
-        ("feed_forward_length", MetaValue::U32(128)),
-        ("attention.head_count", MetaValue::U32(4)),
-        ("attention.head_count_kv", MetaValue::U32(2)),
-        ("attention.key_length", MetaValue::U32(32)),
-        ("attention.value_length", MetaValue::U32(32)),
-        ("attention.layer_norm_rms_epsilon", MetaValue::F32(1e-6)),
-        ("rope.freq_base", MetaValue::F32(10000.0)),
-        ("rope.dimension_count", MetaValue::U32(8)),
-        ("expert_count", MetaValue::U32(8)),
-        ("expert_used_count", MetaValue::U32(2)),
-        ("expert_feed_forward_length", MetaValue::U32(32)),
-        ("expert_shared_feed_forward_length", MetaValue::U32(48)),
-        ("ssm.conv_kernel", MetaValue::U32(4)),
-        ("ssm.state_size", MetaValue::U32(16)),
-        ("ssm.group_count", MetaValue::U32(2)),
-        ("ssm.time_step_rank", MetaValue::U32(4)),
-        ("ssm.inner_size", MetaValue::U32(64)),
-        ("full_attention_interval", MetaValue::U32(4)),
-        ("vocab_size", MetaValue::U32(1024)),
-    ] {
-        m.insert(format!("{arch}.{key}"), v);
-    }
-    m
+    gguf_meta(
+        arch,
+        &[
+            ("block_count", MetaValue::U32(4)),
+            ("context_length", MetaValue::U32(4096)),
+            ("embedding_length", MetaValue::U32(64)),
+            ("feed_forward_length", MetaValue::U32(128)),
+            ("attention.head_count", MetaValue::U32(4)),
+            ("attention.head_count_kv", MetaValue::U32(2)),
+            ("attention.key_length", MetaValue::U32(32)),
+            ("attention.value_length", MetaValue::U32(32)),
+            ("attention.layer_norm_rms_epsilon", MetaValue::F32(1e-6)),
+            ("rope.freq_base", MetaValue::F32(10000.0)),
+            ("rope.dimension_count", MetaValue::U32(8)),
+            ("expert_count", MetaValue::U32(8)),
+            ("expert_used_count", MetaValue::U32(2)),
+            ("expert_feed_forward_length", MetaValue::U32(32)),
+            ("expert_shared_feed_forward_length", MetaValue::U32(48)),
+            ("ssm.conv_kernel", MetaValue::U32(4)),
+            ("ssm.state_size", MetaValue::U32(16)),
+            ("ssm.group_count", MetaValue::U32(2)),
+            ("ssm.time_step_rank", MetaValue::U32(4)),
+            ("ssm.inner_size", MetaValue::U32(64)),
+            ("full_attention_interval", MetaValue::U32(4)),
+            ("vocab_size", MetaValue::U32(1024)),
+        ],
+        &[],
+    )
 }
 
 fn load(m: &Metadata) -> Result<(Value, ModelConfig), ConfigError> {
-    let path = Path::new("/models/next.gguf");
-    let spec = spec_for(m, path)?;
-    let has = |name: &str| name == "output.weight" || name.ends_with("ffn_gate_inp.weight") || name.ends_with("ffn_up_shexp.weight");
-    let c = config_json(spec, &GgufKeys { meta: m, arch: spec.gguf, path, tensors: &has })?;
-    let cfg = ModelConfig::from_json(&c, path)?;
-    Ok((c, cfg))
+    load_config(m, "/models/next.gguf", &|name: &str| name == "output.weight" || name.ends_with("ffn_gate_inp.weight") || name.ends_with("ffn_up_shexp.weight"))
 }
 
 #[test]

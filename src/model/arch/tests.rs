@@ -4,26 +4,22 @@ use super::*;
 use crate::model::config::ModelConfig;
 
 fn meta(arch: &str, extra: &[(&str, MetaValue)]) -> Metadata {
-    let mut m = Metadata::new();
-    m.insert("general.architecture".into(), MetaValue::String(arch.into()));
-    for (k, v) in [
-        ("block_count", MetaValue::U32(2)),
-        ("embedding_length", MetaValue::U32(64)),
-        ("feed_forward_length", MetaValue::U32(128)),
-        ("attention.head_count", MetaValue::U32(4)),
-        ("attention.head_count_kv", MetaValue::U32(2)),
-        ("expert_count", MetaValue::U32(8)),
-        ("expert_used_count", MetaValue::U32(2)),
-        ("expert_feed_forward_length", MetaValue::U32(32)),
-        ("rope.freq_base", MetaValue::F32(1e6)),
-        ("vocab_size", MetaValue::U32(1024)),
-    ] {
-        m.insert(format!("{arch}.{k}"), v);
-    }
-    for (k, v) in extra {
-        m.insert((*k).into(), v.clone());
-    }
-    m
+    super::test_meta::gguf_meta(
+        arch,
+        &[
+            ("block_count", MetaValue::U32(2)),
+            ("embedding_length", MetaValue::U32(64)),
+            ("feed_forward_length", MetaValue::U32(128)),
+            ("attention.head_count", MetaValue::U32(4)),
+            ("attention.head_count_kv", MetaValue::U32(2)),
+            ("expert_count", MetaValue::U32(8)),
+            ("expert_used_count", MetaValue::U32(2)),
+            ("expert_feed_forward_length", MetaValue::U32(32)),
+            ("rope.freq_base", MetaValue::F32(1e6)),
+            ("vocab_size", MetaValue::U32(1024)),
+        ],
+        extra,
+    )
 }
 
 fn config(m: &Metadata, has: &dyn Fn(&str) -> bool) -> Result<Value, ConfigError> {
