@@ -10,7 +10,8 @@
 //! 2. One thread, a cache-warm matrix, 1, 2, 4 and 5 tokens: GFLOP/s (2·n·k·m per timed call)
 //!    and GB/s, the kernels' compute rate free of pool and memory effects.
 //!
-//! `FT_BENCH_THREADS` sets the worker count (default: the backend's). Shapes are those of a
+//! `FT_BENCH_THREADS` sets the worker count (default: the backend's); `FT_BENCH_DTYPES`
+//! (comma-separated names such as `q8_0,q4_k`) limits the rows. Shapes are those of a
 //! Qwen3-30B-A3B expert (hidden 2048, expert width 768): gate/up `k=2048 × 768 rows`, down
 //! `k=768 × 2048 rows`, each timed alone (cache-warm), then 8 experts' gate/up/down in turn
 //! and a cold set of as many experts as make ≥ 192 MiB (far beyond L3), so weights stream
@@ -84,6 +85,11 @@ fn main() {
     quant_kernel_rate_single_thread();
 }
 
+/// Whether `FT_BENCH_DTYPES` (comma-separated names; unset = all) asks for `dtype`.
+fn selected(dtype: DType) -> bool {
+    std::env::var("FT_BENCH_DTYPES").map_or(true, |v| v.split(',').any(|n| n.trim() == dtype.name()))
+}
+
 /// Part 1 of the module docs.
 fn quant_gemv_throughput() {
     let threads = std::env::var("FT_BENCH_THREADS")
@@ -147,6 +153,9 @@ fn throughput(b: &CpuBackend, threads: Option<usize>, quant_dot: QuantDot) {
     ] {
         if quant_dot == QuantDot::Int8 && (!dtype.is_quantized() || dtype == DType::F8E4M3) {
             continue; // no int8 kernel: the exact table's row
+        }
+        if !selected(dtype) {
+            continue;
         }
         // gate/up: [768, 2048]; down: [2048, 768] (the same values, reshaped).
         let shapes = [(hidden, width), (hidden, width), (width, hidden)];
@@ -241,6 +250,9 @@ fn quant_kernel_rate_single_thread() {
         DType::Nvfp4,
         DType::F8E4M3,
     ] {
+        if !selected(dtype) {
+            continue;
+        }
         let w = ft_backend::quant::quantize_matrix(dtype, &vals, m, k);
         let mut line = format!("{:>6}:", dtype.name());
         for dot in [QuantDot::Exact, QuantDot::Int8] {

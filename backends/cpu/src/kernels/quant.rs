@@ -145,6 +145,9 @@ pub(crate) struct Prepared<'a> {
     aux: Vec<f32>,
     /// Int8 codes and their scales (one per 32 values), token-major, when `dot` is `Int8`.
     int8: Option<(Vec<i8>, Vec<f32>)>,
+    /// The integer instructions the int8 kernels use.
+    #[cfg(target_arch = "x86_64")]
+    isa: super::x86::qdot_i8::Isa,
 }
 
 impl<'a> Prepared<'a> {
@@ -228,8 +231,17 @@ impl<'a> Prepared<'a> {
                 xs,
                 aux,
                 int8,
+                isa: qdot_i8::Isa::best(level),
             }))
         }
+    }
+
+    /// The same activations for the int8 kernels in `isa`'s instructions (tests compare
+    /// every variant the CPU has).
+    #[cfg(all(test, target_arch = "x86_64"))]
+    pub(crate) fn with_isa(mut self, isa: super::x86::qdot_i8::Isa) -> Self {
+        self.isa = isa;
+        self
     }
 
     /// `out[t*os + r] = x_t · row(r)` for the prepared tokens and the `nrows` rows at the
@@ -270,7 +282,7 @@ impl<'a> Prepared<'a> {
                     };
                     // SAFETY: `new` confirmed AVX2/FMA/F16C and sized the activations for
                     // `blocks` blocks per token; `w` and `out` were checked above.
-                    unsafe { qdot_i8::run(dtype, &job, n, nrows) };
+                    unsafe { qdot_i8::run(self.isa, dtype, &job, n, nrows) };
                 }
                 None => {
                     let job = qdot::Job {
@@ -294,7 +306,7 @@ impl<'a> Prepared<'a> {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, target_arch = "x86_64"))]
 mod int8_tests;
 
 #[cfg(test)]

@@ -1,6 +1,7 @@
 //! The int8-activation kernels ([`QuantDot::Int8`]) against f64 references.
 
 use super::*;
+use crate::kernels::x86::qdot_i8::Isa;
 use ft_backend::conformance::Rng;
 
 /// Every int8 type: weights and their scalar decode, for `nrows` rows of `k` values.
@@ -28,16 +29,49 @@ fn avx2() -> bool {
     matches!(SimdLevel::Auto.effective(), SimdLevel::Avx2 | SimdLevel::Avx512)
 }
 
+/// The integer instruction variants this CPU runs (each is checked; the plain AVX2 one
+/// always), named once per test so a log shows what was covered.
+fn isas(test: &str) -> Vec<Isa> {
+    let v: Vec<Isa> = Isa::ALL.into_iter().filter(|i| i.available()).collect();
+    let missing: Vec<Isa> = Isa::ALL.into_iter().filter(|i| !i.available()).collect();
+    eprintln!("{test}: int8 variants {v:?} (not on this CPU: {missing:?})");
+    v
+}
+
+/// [`block`] with int8 activations in `isa`'s instructions.
+#[allow(clippy::too_many_arguments)]
+fn int8_block(
+    isa: Isa,
+    x: &[f32],
+    xs: usize,
+    n: usize,
+    k: usize,
+    w: &[u8],
+    dtype: DType,
+    nrows: usize,
+    out: &mut [f32],
+    os: usize,
+) {
+    Prepared::new(SimdLevel::Auto, QuantDot::Int8, x, xs, n, k, dtype)
+        .expect("prepare")
+        .expect("an int8 kernel")
+        .with_isa(isa)
+        .run(w, nrows, out, os)
+        .expect("run");
+}
+
 /// Activations that int8 represents exactly (each group of 32 is `c·2^e` with integer
 /// `|c| ≤ 127` and one `|c| = 127`), so the integer kernels must give the f32 product of
 /// the dequantized weights: any wrong nibble, bit plane, scale or offset shows at once.
-/// Tolerance `1e-6 · Σ|x·w|`, as for the f32 fused kernels.
+/// Tolerance `1e-6 · Σ|x·w|`, as for the f32 fused kernels; every instruction variant gives
+/// the same bits.
 #[test]
 fn int8_exact_on_representable_activations() {
     if !avx2() {
         eprintln!("skipped: the int8 kernels need AVX2");
         return;
     }
+    let isas = isas("int8_exact_on_representable_activations");
     let mut rng = Rng::new(0x18a);
     for dtype in INT8_TYPES {
         let be = dtype.block_elems();
@@ -58,8 +92,18 @@ fn int8_exact_on_representable_activations() {
                         }
                     }
                     let mut out = vec![f32::NAN; n * os];
-                    block(SimdLevel::Auto, QuantDot::Int8, &x, xs, n, k, &raw, dtype, nrows, &mut out, os)
-                        .expect("block");
+                    int8_block(isas[0], &x, xs, n, k, &raw, dtype, nrows, &mut out, os);
+                    for &isa in &isas[1..] {
+                        let mut other = vec![f32::NAN; n * os];
+                        int8_block(isa, &x, xs, n, k, &raw, dtype, nrows, &mut other, os);
+                        for (a, b) in out.iter().zip(&other) {
+                            assert!(
+                                a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan()),
+                                "{dtype} {isa:?} n={n} k={k} rows={nrows}: {b} vs {:?} {a}",
+                                isas[0]
+                            );
+                        }
+                    }
                     for t in 0..n {
                         for r in 0..nrows {
                             let (mut want, mut mag) = (0f64, 0f64);
@@ -91,13 +135,14 @@ fn int8_error_within_rounding_bound() {
         return;
     }
     let mut rng = Rng::new(0x18b);
-    for dtype in INT8_TYPES {
+    let isas = isas("int8_error_within_rounding_bound");
+    for (dtype, &isa) in INT8_TYPES.iter().flat_map(|&d| isas.iter().map(move |i| (d, i))) {
         let (k, nrows, n) = (8 * dtype.block_elems() + 32, 9, 3);
         let kp = dtype.padded(k);
         let (raw, dec) = weights(dtype, nrows, k, &mut rng);
         let x = rng.vec(n * k, 2.0);
         let mut out = vec![0f32; n * nrows];
-        block(SimdLevel::Auto, QuantDot::Int8, &x, k, n, k, &raw, dtype, nrows, &mut out, nrows).expect("block");
+        int8_block(isa, &x, k, n, k, &raw, dtype, nrows, &mut out, nrows);
         let mut rel = 0f64;
         for t in 0..n {
             let xt = &x[t * k..][..k];
@@ -114,11 +159,11 @@ fn int8_error_within_rounding_bound() {
                     bound += w.abs() * steps[p / 32] / 2.0;
                 }
                 let err = (out[t * nrows + r] as f64 - want).abs();
-                assert!(err <= bound * 1.001 + 1e-6 * mag, "{dtype} t={t} r={r}: error {err} > bound {bound}");
+                assert!(err <= bound * 1.001 + 1e-6 * mag, "{dtype} {isa:?} t={t} r={r}: error {err} > bound {bound}");
                 rel = rel.max(err / mag);
             }
         }
-        println!("{dtype}: int8 worst error / Σ|x·w| = {rel:.2e}");
+        println!("{dtype} {isa:?}: int8 worst error / Σ|x·w| = {rel:.2e}");
     }
 }
 
@@ -166,4 +211,51 @@ fn prepared_shape_errors() {
     assert!(block(SimdLevel::Auto, QuantDot::Int8, &x, k, 2, k, &w[..100], dtype, 4, &mut out, 4).is_err());
     assert!(block(SimdLevel::Auto, QuantDot::Int8, &x[..k + 3], k, 2, k, &w, dtype, 4, &mut out, 4).is_err());
     assert!(block(SimdLevel::Auto, QuantDot::Int8, &x, k, 2, k, &w, dtype, 4, &mut out[..6], 4).is_err());
+}
+
+/// NVFP4's scales are decoded in vectors (E4M3 widened through f16): blocks whose 16 scales
+/// run through all 256 codes (subnormals, ±448, the NaN codes) against the scalar decode,
+/// with int8-representable activations, in every instruction variant.
+#[test]
+fn nvfp4_every_scale_code() {
+    if !avx2() {
+        eprintln!("skipped: the int8 kernels need AVX2");
+        return;
+    }
+    let dtype = DType::Nvfp4;
+    let (k, nrows) = (256, 16);
+    let rb = dtype.row_bytes(k);
+    let mut rng = Rng::new(0x18d);
+    let mut raw = vec![0u8; nrows * rb];
+    for r in 0..nrows {
+        let row = &mut raw[r * rb..][..rb];
+        row[..4].copy_from_slice(&0.75f32.to_le_bytes());
+        for g in 0..16 {
+            row[4 + g] = (16 * r + g) as u8;
+        }
+        for b in &mut row[20..] {
+            *b = rng.next_u64() as u8;
+        }
+    }
+    let mut dec = vec![0f32; nrows * k];
+    super::super::elementwise::decode_scalar(&raw, dtype, &mut dec);
+    let x: Vec<f32> = (0..k).map(|p| if p % 32 == 0 { 127.0 } else { (rng.next_u64() % 255) as f32 - 127.0 }).collect();
+    for isa in isas("nvfp4_every_scale_code") {
+        let mut out = vec![0f32; nrows];
+        int8_block(isa, &x, k, 1, k, &raw, dtype, nrows, &mut out, nrows);
+        for r in 0..nrows {
+            let (mut want, mut mag) = (0f64, 0f64);
+            for p in 0..k {
+                let v = x[p] as f64 * dec[r * k + p] as f64;
+                want += v;
+                mag += v.abs();
+            }
+            let got = out[r] as f64;
+            if want.is_nan() {
+                assert!(got.is_nan(), "{isa:?} row {r}: a NaN scale must give NaN, got {got}");
+            } else {
+                assert!((got - want).abs() <= 1e-6 * mag, "{isa:?} row {r}: got {got}, want {want}");
+            }
+        }
+    }
 }

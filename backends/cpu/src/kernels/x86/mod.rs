@@ -8,8 +8,8 @@
 /// `$rows::<R, N>(j, r0)` (R rows × N tokens per pass): one token interleaves `$r1` rows;
 /// 2..=4 tokens take one row at a time, their partial sums being the parallelism.
 macro_rules! entry {
-    ($entry:ident, $rows:ident, $r1:expr) => {
-        unsafe fn $entry(j: &Job, n: usize, nrows: usize) {
+    ($vis:vis $entry:ident, $rows:ident, $r1:expr) => {
+        $vis unsafe fn $entry(j: &Job, n: usize, nrows: usize) {
             let step = if n == 1 { $r1 } else { 1 };
             let mut r = 0;
             while r + step <= nrows {

@@ -19,8 +19,8 @@
 //! Safety contract of [`run`]: the CPU has AVX2, FMA and F16C, and the [`Job`] pointers cover
 //! `blocks` whole blocks per row for every row and token asked for.
 
-use super::qdot::{f16_splat, f16x2, hsum, k4_scales, E2M1_X2, PF};
-use ft_backend::quant::{e4m3_to_f32, e8m0_to_f32};
+use super::qdot::{f16_splat, f16x2, hsum, k4_scales, prefetch_offset, E2M1_X2};
+use ft_backend::quant::e8m0_to_f32;
 use ft_backend::DType;
 use std::arch::x86_64::*;
 
@@ -106,21 +106,97 @@ pub(crate) unsafe fn quantize(x: &[f32], q: &mut [i8], d: &mut [f32]) {
     }
 }
 
-/// Runs `job` for `n` (1..=4) tokens and `nrows` rows of `dtype` (one [`supported`]).
+/// The instruction that sums 32 byte products into eight i32 lanes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Isa {
+    /// `vpmaddubsw` then `vpmaddwd` by ones (AVX2).
+    Madd,
+    /// `vpdpbusd` in its VEX form (AVX-VNNI: Intel client cores from Alder Lake, Zen 5).
+    AvxVnni,
+    /// `vpdpbusd` in its EVEX form on 256-bit registers (AVX512-VNNI with VL: Cascade Lake
+    /// and later Xeons, Zen 4).
+    Avx512Vnni,
+}
+
+impl Isa {
+    /// Every variant, plainest first.
+    #[cfg(test)]
+    pub(crate) const ALL: [Isa; 3] = [Isa::Madd, Isa::AvxVnni, Isa::Avx512Vnni];
+
+    /// Whether this CPU runs `self` (AVX2/FMA/F16C assumed, as for every kernel here).
+    pub(crate) fn available(self) -> bool {
+        match self {
+            Isa::Madd => true,
+            Isa::AvxVnni => std::arch::is_x86_feature_detected!("avxvnni"),
+            Isa::Avx512Vnni => {
+                std::arch::is_x86_feature_detected!("avx512vnni")
+                    && std::arch::is_x86_feature_detected!("avx512vl")
+            }
+        }
+    }
+
+    /// The best variant for kernels running at `level`: the EVEX form only where AVX-512 is
+    /// in use, so that forcing `Avx2` keeps to VEX-encoded instructions.
+    pub(crate) fn best(level: super::super::SimdLevel) -> Isa {
+        use super::super::SimdLevel;
+        let avx512 = level.effective() == SimdLevel::Avx512;
+        if avx512 && Isa::Avx512Vnni.available() {
+            Isa::Avx512Vnni
+        } else if Isa::AvxVnni.available() {
+            Isa::AvxVnni
+        } else {
+            Isa::Madd
+        }
+    }
+}
+
+/// Runs `job` for `n` (1..=4) tokens and `nrows` rows of `dtype` (one [`supported`]) with the
+/// sums of `isa`.
 ///
 /// # Safety
-/// See the module docs.
-pub(crate) unsafe fn run(dtype: DType, job: &Job, n: usize, nrows: usize) {
-    debug_assert!((1..=4).contains(&n));
-    match dtype {
-        DType::Q8_0 => q8_0(job, n, nrows),
-        DType::Q4_0 => q4_0(job, n, nrows),
-        DType::Q4K => q4_k(job, n, nrows),
-        DType::Q5K => q5_k(job, n, nrows),
-        DType::Q6K => q6_k(job, n, nrows),
-        DType::Mxfp4 => mxfp4(job, n, nrows),
-        DType::Nvfp4 => nvfp4(job, n, nrows),
-        other => unreachable!("{other} has no int8 kernel"),
+/// See the module docs; `isa` is [`Isa::available`].
+pub(crate) unsafe fn run(isa: Isa, dtype: DType, job: &Job, n: usize, nrows: usize) {
+    debug_assert!((1..=4).contains(&n) && isa.available());
+    match isa {
+        Isa::Madd => madd::run(dtype, job, n, nrows),
+        Isa::AvxVnni => avxvnni::run(dtype, job, n, nrows),
+        Isa::Avx512Vnni => avx512vnni::run(dtype, job, n, nrows),
+    }
+}
+
+/// Eight i32 sums of four products of 32 unsigned (`u`) and 32 signed (`i`) bytes, in the
+/// instructions of one [`Isa`]. Results are identical across variants: `vpmaddubsw`'s i16
+/// pair sums cannot saturate for the codes here (see the module docs).
+trait Dot {
+    /// `Σ u·i` per group of four bytes.
+    unsafe fn dot_u(u: __m256i, i: __m256i) -> __m256i;
+}
+
+/// [`Isa::Madd`].
+struct Madd;
+/// [`Isa::AvxVnni`].
+struct AvxVnni;
+/// [`Isa::Avx512Vnni`].
+struct Avx512Vnni;
+
+impl Dot for Madd {
+    #[inline(always)]
+    unsafe fn dot_u(u: __m256i, i: __m256i) -> __m256i {
+        _mm256_madd_epi16(_mm256_maddubs_epi16(u, i), _mm256_set1_epi16(1))
+    }
+}
+
+impl Dot for AvxVnni {
+    #[inline(always)]
+    unsafe fn dot_u(u: __m256i, i: __m256i) -> __m256i {
+        _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), u, i)
+    }
+}
+
+impl Dot for Avx512Vnni {
+    #[inline(always)]
+    unsafe fn dot_u(u: __m256i, i: __m256i) -> __m256i {
+        _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, i)
     }
 }
 
@@ -128,19 +204,15 @@ pub(crate) unsafe fn run(dtype: DType, job: &Job, n: usize, nrows: usize) {
 /// chains instead of one.
 type Acc<const R: usize, const N: usize> = [[[__m256; 2]; N]; R];
 
-/// Pairwise `Σ u·i` of 32 unsigned and 32 signed bytes, as eight i32 sums of four.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_u(u: __m256i, i: __m256i) -> __m256i {
-    _mm256_madd_epi16(_mm256_maddubs_epi16(u, i), _mm256_set1_epi16(1))
-}
-
 /// `Σ w·a` of 32 signed weight bytes and 32 signed activations: the sign of `w` moves onto
 /// `a`, so the unsigned operand is `|w|` (128 for −128, still exact).
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_s(w: __m256i, a: __m256i) -> __m256i {
-    dot_u(_mm256_sign_epi8(w, w), _mm256_sign_epi8(a, w))
+///
+/// This and every function between a row driver and [`Dot::dot_u`] is `inline(always)`
+/// without target features of its own, so it is compiled inside the driver with that
+/// driver's instruction set.
+#[inline(always)]
+unsafe fn dot_s<D: Dot>(w: __m256i, a: __m256i) -> __m256i {
+    D::dot_u(_mm256_sign_epi8(w, w), _mm256_sign_epi8(a, w))
 }
 
 #[inline]
@@ -155,15 +227,27 @@ unsafe fn cvt(v: __m256i) -> __m256 {
     _mm256_cvtepi32_ps(v)
 }
 
-/// 16 bytes of packed nibbles at `p` as 32 bytes: low nibbles, then high nibbles.
+/// 16 bytes of packed nibbles at `p` as 32 bytes: low nibbles, then high nibbles. The bytes
+/// are broadcast to both halves by the load itself and one variable shift moves the upper
+/// half's high nibbles down: two ALU operations instead of four and a lane insert.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn nibbles_lo_hi(p: *const u8) -> __m256i {
-    let v = _mm_loadu_si128(p as *const __m128i);
-    let m4 = _mm_set1_epi8(0x0f);
-    _mm256_set_m128i(
-        _mm_and_si128(_mm_srli_epi16::<4>(v), m4),
-        _mm_and_si128(v, m4),
+    let v = _mm256_broadcastsi128_si256(_mm_loadu_si128(p as *const __m128i));
+    let v = _mm256_srlv_epi64(v, _mm256_setr_epi64x(0, 0, 4, 4));
+    _mm256_and_si256(v, _mm256_set1_epi8(0x0f))
+}
+
+/// 16 bytes of packed nibbles at `p` as 32 bytes in value order, the low nibble first (byte
+/// `i` holds values `2i` and `2i + 1`, NVFP4's order): widened to 16-bit lanes, each lane's
+/// high nibble moves up a byte.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn nibbles_interleaved(p: *const u8) -> __m256i {
+    let v = _mm256_cvtepu8_epi16(_mm_loadu_si128(p as *const __m128i));
+    _mm256_and_si256(
+        _mm256_or_si256(v, _mm256_slli_epi16::<4>(v)),
+        _mm256_set1_epi16(0x0f0f),
     )
 }
 
@@ -178,13 +262,13 @@ unsafe fn shl16(v: __m256i, n: i32) -> __m256i {
     }
 }
 
-/// Defines the row driver `$rows::<R, N>` and the entry `$entry` for a block kernel `$blk`
-/// (blocks of `$be` values in `$bb` bytes, `$apb` exact sums per block, `$fin` a final scale,
-/// `$r1` rows interleaved for one token), as [`super::qdot`] does for f32 activations.
+/// Defines the row body `$rows::<D, R, N>` for a block kernel `$blk` (blocks of `$be` values
+/// in `$bb` bytes, `$apb` exact sums per block, `$fin` a final scale), as [`super::qdot`]
+/// does for f32 activations; [`isa_kernels!`] compiles it once per [`Isa`].
 macro_rules! kernel {
-    ($entry:ident, $rows:ident, $blk:ident, $be:expr, $bb:expr, $apb:expr, $fin:expr, $r1:expr) => {
-        #[target_feature(enable = "avx2,fma,f16c")]
-        unsafe fn $rows<const R: usize, const N: usize>(j: &Job, r0: usize) {
+    ($rows:ident, $blk:ident, $be:expr, $bb:expr, $apb:expr, $fin:expr) => {
+        #[inline(always)]
+        unsafe fn $rows<D: Dot, const R: usize, const N: usize>(j: &Job, r0: usize) {
             let mut acc = [[[_mm256_setzero_ps(); 2]; N]; R];
             let mut w = [j.w; R];
             for (r, p) in w.iter_mut().enumerate() {
@@ -201,10 +285,11 @@ macro_rules! kernel {
             // values/ns.
             for i in 0..j.blocks {
                 let wb = w.map(|p| p.add(i * $bb));
+                let ahead = prefetch_offset::<R>(j.rb, i * $bb);
                 for p in wb.iter() {
                     let mut off = 0;
                     while off < $bb {
-                        _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PF + off) as *const i8);
+                        _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(ahead + off) as *const i8);
                         off += 64;
                     }
                 }
@@ -213,7 +298,7 @@ macro_rules! kernel {
                     d.map(|p| p.add(i * ($be / QK))),
                     a.map(|p| p.add(i * $apb)),
                 );
-                $blk::<R, N>(&wb, &qb, &db, &ab, &mut acc);
+                $blk::<D, R, N>(&wb, &qb, &db, &ab, &mut acc);
             }
             for (r, row) in acc.iter().enumerate() {
                 for (t, v) in row.iter().enumerate() {
@@ -221,23 +306,72 @@ macro_rules! kernel {
                 }
             }
         }
-
-        entry!($entry, $rows, $r1);
     };
 }
 
-kernel!(q8_0, q8_0_rows, q8_0_blk, 32, 34, 0, 1.0, 2);
-kernel!(q4_0, q4_0_rows, q4_0_blk, 32, 18, 1, 1.0, 2);
-kernel!(q4_k, q4_k_rows, q4_k_blk, 256, 144, 8, 1.0, 1);
-kernel!(q5_k, q5_k_rows, q5_k_blk, 256, 176, 8, 1.0, 1);
-kernel!(q6_k, q6_k_rows, q6_k_blk, 256, 210, 16, 1.0, 1);
-kernel!(mxfp4, mxfp4_rows, mxfp4_blk, 32, 17, 0, 0.5, 2);
-kernel!(nvfp4, nvfp4_rows, nvfp4_blk, 256, 148, 0, 0.5, 1);
+kernel!(q8_0_rows, q8_0_blk, 32, 34, 0, 1.0);
+kernel!(q4_0_rows, q4_0_blk, 32, 18, 1, 1.0);
+kernel!(q4_k_rows, q4_k_blk, 256, 144, 8, 1.0);
+kernel!(q5_k_rows, q5_k_blk, 256, 176, 8, 1.0);
+kernel!(q6_k_rows, q6_k_blk, 256, 210, 16, 1.0);
+kernel!(mxfp4_rows, mxfp4_blk, 32, 17, 0, 0.5);
+kernel!(nvfp4_rows, nvfp4_blk, 256, 148, 0, 0.5);
+
+/// A module `$m` holding, for the sums `$d` and target features `$feat`, one compiled driver
+/// and entry per type (`$r1` rows interleaved for one token: 2 for the small-block types,
+/// whose per-block scale work then overlaps) and its `run`.
+macro_rules! isa_kernels {
+    ($m:ident, $d:ty, $feat:tt) => {
+        mod $m {
+            use super::*;
+
+            macro_rules! driver {
+                ($ty:ident, $rows:ident, $r1:expr) => {
+                    mod $ty {
+                        use super::super::*;
+
+                        #[target_feature(enable = $feat)]
+                        unsafe fn rows<const R: usize, const N: usize>(j: &Job, r0: usize) {
+                            $rows::<$d, R, N>(j, r0)
+                        }
+
+                        entry!(pub(super) entry, rows, $r1);
+                    }
+                };
+            }
+
+            driver!(q8_0, q8_0_rows, 2);
+            driver!(q4_0, q4_0_rows, 2);
+            driver!(q4_k, q4_k_rows, 1);
+            driver!(q5_k, q5_k_rows, 1);
+            driver!(q6_k, q6_k_rows, 1);
+            driver!(mxfp4, mxfp4_rows, 2);
+            driver!(nvfp4, nvfp4_rows, 1);
+
+            /// [`super::run`] for this module's sums.
+            pub(super) unsafe fn run(dtype: DType, job: &Job, n: usize, nrows: usize) {
+                match dtype {
+                    DType::Q8_0 => q8_0::entry(job, n, nrows),
+                    DType::Q4_0 => q4_0::entry(job, n, nrows),
+                    DType::Q4K => q4_k::entry(job, n, nrows),
+                    DType::Q5K => q5_k::entry(job, n, nrows),
+                    DType::Q6K => q6_k::entry(job, n, nrows),
+                    DType::Mxfp4 => mxfp4::entry(job, n, nrows),
+                    DType::Nvfp4 => nvfp4::entry(job, n, nrows),
+                    other => unreachable!("{other} has no int8 kernel"),
+                }
+            }
+        }
+    };
+}
+
+isa_kernels!(madd, Madd, "avx2,fma,f16c");
+isa_kernels!(avxvnni, AvxVnni, "avx2,fma,f16c,avxvnni");
+isa_kernels!(avx512vnni, Avx512Vnni, "avx2,fma,f16c,avx512f,avx512vl,avx512vnni");
 
 /// Q8_0: `d_w · d_g · Σ q·a`.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q8_0_blk<const R: usize, const N: usize>(
+#[inline(always)]
+unsafe fn q8_0_blk<D: Dot, const R: usize, const N: usize>(
     w: &[*const u8; R],
     q: &[*const i8; N],
     d: &[*const f32; N],
@@ -249,7 +383,7 @@ unsafe fn q8_0_blk<const R: usize, const N: usize>(
         let wv = _mm256_loadu_si256(p.add(2) as *const __m256i);
         let dw = f16_splat(p);
         for t in 0..N {
-            let s = cvt(dot_s(wv, lda(q[t], 0)));
+            let s = cvt(dot_s::<D>(wv, lda(q[t], 0)));
             let sc = _mm256_mul_ps(dw, _mm256_broadcast_ss(&*d[t]));
             acc[r][t][0] = _mm256_fmadd_ps(s, sc, acc[r][t][0]);
         }
@@ -257,9 +391,8 @@ unsafe fn q8_0_blk<const R: usize, const N: usize>(
 }
 
 /// Q4_0: `d_w · (d_g · Σ q·a − 8·S)` with `q` the unsigned nibble.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q4_0_blk<const R: usize, const N: usize>(
+#[inline(always)]
+unsafe fn q4_0_blk<D: Dot, const R: usize, const N: usize>(
     w: &[*const u8; R],
     q: &[*const i8; N],
     d: &[*const f32; N],
@@ -272,7 +405,7 @@ unsafe fn q4_0_blk<const R: usize, const N: usize>(
         // Byte j holds value j (low nibble) and value j + 16 (high nibble).
         let qv = nibbles_lo_hi(p.add(2));
         for t in 0..N {
-            let s = cvt(dot_u(qv, lda(q[t], 0)));
+            let s = cvt(D::dot_u(qv, lda(q[t], 0)));
             let sc = _mm256_mul_ps(dw, _mm256_broadcast_ss(&*d[t]));
             acc[r][t][0] = _mm256_fmadd_ps(s, sc, acc[r][t][0]);
             // Taking d_w·S off all 8 lanes takes 8·d_w·S off their sum.
@@ -304,9 +437,8 @@ unsafe fn k4_prologue<const N: usize>(
 
 /// Sub-blocks `2c` (codes `lo`) and `2c + 1` (`hi`) of a Q4_K/Q5_K block against every token,
 /// scaled by the combined scales `s` of [`k4_prologue`].
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn k4_pair<const N: usize>(
+#[inline(always)]
+unsafe fn k4_pair<D: Dot, const N: usize>(
     lo: __m256i,
     hi: __m256i,
     c: usize,
@@ -315,8 +447,8 @@ unsafe fn k4_pair<const N: usize>(
     acc: &mut [[__m256; 2]; N],
 ) {
     for t in 0..N {
-        let pl = cvt(dot_u(lo, lda(q[t], 64 * c)));
-        let ph = cvt(dot_u(hi, lda(q[t], 64 * c + 32)));
+        let pl = cvt(D::dot_u(lo, lda(q[t], 64 * c)));
+        let ph = cvt(D::dot_u(hi, lda(q[t], 64 * c + 32)));
         let x = _mm256_mul_ps(pl, _mm256_set1_ps(s[t][2 * c]));
         let x = _mm256_fmadd_ps(ph, _mm256_set1_ps(s[t][2 * c + 1]), x);
         acc[t][c & 1] = _mm256_add_ps(acc[t][c & 1], x);
@@ -324,9 +456,8 @@ unsafe fn k4_pair<const N: usize>(
 }
 
 /// Q4_K: `Σ_j (d·sc_j·d_j)·Σ q·a − Σ_j (dmin·m_j)·S_j` over the 8 sub-blocks of 32.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q4_k_blk<const R: usize, const N: usize>(
+#[inline(always)]
+unsafe fn q4_k_blk<D: Dot, const R: usize, const N: usize>(
     w: &[*const u8; R],
     q: &[*const i8; N],
     d: &[*const f32; N],
@@ -342,15 +473,14 @@ unsafe fn q4_k_blk<const R: usize, const N: usize>(
             let v = _mm256_loadu_si256(p.add(16 + 32 * c) as *const __m256i);
             let lo = _mm256_and_si256(v, m4);
             let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(v), m4);
-            k4_pair(lo, hi, c, q, &s, &mut acc[r]);
+            k4_pair::<D, N>(lo, hi, c, q, &s, &mut acc[r]);
         }
     }
 }
 
 /// Q5_K: as Q4_K, the fifth bit of value `32s + l` being bit `s` of `qh[l]`.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q5_k_blk<const R: usize, const N: usize>(
+#[inline(always)]
+unsafe fn q5_k_blk<D: Dot, const R: usize, const N: usize>(
     w: &[*const u8; R],
     q: &[*const i8; N],
     d: &[*const f32; N],
@@ -369,7 +499,7 @@ unsafe fn q5_k_blk<const R: usize, const N: usize>(
             let bh = _mm256_and_si256(shl16(qh, 3 - 2 * c as i32), b4);
             let lo = _mm256_or_si256(_mm256_and_si256(v, m4), bl);
             let hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(v), m4), bh);
-            k4_pair(lo, hi, c, q, &s, &mut acc[r]);
+            k4_pair::<D, N>(lo, hi, c, q, &s, &mut acc[r]);
         }
     }
 }
@@ -391,9 +521,8 @@ const Q6_SCALE_SHUF: [[u8; 16]; 8] = {
 
 /// Q6_K: `Σ_i d·d_g·sc_i·Σ q·a − 32·d·Σ_i sc_i·S_i` over the 16 sub-blocks of 16 (`q`
 /// unsigned 6-bit); `vpmaddwd` applies `sc_i` to each half of a 32-value group.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q6_k_blk<const R: usize, const N: usize>(
+#[inline(always)]
+unsafe fn q6_k_blk<D: Dot, const R: usize, const N: usize>(
     w: &[*const u8; R],
     q: &[*const i8; N],
     d: &[*const f32; N],
@@ -463,9 +592,8 @@ unsafe fn e2m1_table() -> __m256i {
 }
 
 /// MXFP4: `2^e · d_g · Σ (2·e2m1)·a` per block of 32 (the final `× ½` undoes the doubling).
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn mxfp4_blk<const R: usize, const N: usize>(
+#[inline(always)]
+unsafe fn mxfp4_blk<D: Dot, const R: usize, const N: usize>(
     w: &[*const u8; R],
     q: &[*const i8; N],
     d: &[*const f32; N],
@@ -478,17 +606,47 @@ unsafe fn mxfp4_blk<const R: usize, const N: usize>(
         let e = e8m0_to_f32(*p);
         let wv = _mm256_shuffle_epi8(table, nibbles_lo_hi(p.add(1)));
         for t in 0..N {
-            let s = cvt(dot_s(wv, lda(q[t], 0)));
+            let s = cvt(dot_s::<D>(wv, lda(q[t], 0)));
             acc[r][t][0] = _mm256_fmadd_ps(s, _mm256_set1_ps(e * *d[t]), acc[r][t][0]);
         }
     }
 }
 
-/// NVFP4: `(e4m3(sc_g)·global) · d · Σ (2·e2m1)·a` per group of 16, two groups per 32
-/// activations (final `× ½`).
+/// The 16 E4M3 scales at `p` times `global`, as f32 (scales 0..8, then 8..16), equal to the
+/// reference's `e4m3_to_f32(sc) · global`: E4M3 widens exactly to f16 (sign to bit 15, the
+/// other seven bits up by 7, which reads as the value · 2⁻⁸, subnormals included), so
+/// `vcvtph2ps` and an exact `× 2⁸` decode them; the NaN codes (±0x7f) are put back.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn nvfp4_blk<const R: usize, const N: usize>(
+unsafe fn nvfp4_scales(p: *const u8, global: f32) -> [__m256; 2] {
+    let b = _mm256_cvtepu8_epi16(_mm_loadu_si128(p as *const __m128i));
+    let mag = _mm256_and_si256(b, _mm256_set1_epi16(0x7f));
+    let h = _mm256_or_si256(
+        _mm256_slli_epi16::<8>(_mm256_and_si256(b, _mm256_set1_epi16(0x80))),
+        _mm256_slli_epi16::<7>(mag),
+    );
+    let nan = _mm256_cmpeq_epi16(mag, _mm256_set1_epi16(0x7f));
+    [
+        e4m3_half(_mm256_castsi256_si128(h), _mm256_castsi256_si128(nan), global),
+        e4m3_half(_mm256_extracti128_si256::<1>(h), _mm256_extracti128_si256::<1>(nan), global),
+    ]
+}
+
+/// Eight widened scales of [`nvfp4_scales`] (`h` the f16 bits, `nan` all-ones where the code
+/// was NaN) as f32 times `global`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn e4m3_half(h: __m128i, nan: __m128i, global: f32) -> __m256 {
+    let v = _mm256_mul_ps(_mm256_cvtph_ps(h), _mm256_set1_ps(256.0));
+    let nan = _mm256_castsi256_ps(_mm256_cvtepi16_epi32(nan));
+    let v = _mm256_blendv_ps(v, _mm256_set1_ps(f32::NAN), nan);
+    _mm256_mul_ps(v, _mm256_set1_ps(global))
+}
+
+/// NVFP4: `(e4m3(sc_g)·global) · d · Σ (2·e2m1)·a` per group of 16, two groups per 32
+/// activations (final `× ½`).
+#[inline(always)]
+unsafe fn nvfp4_blk<D: Dot, const R: usize, const N: usize>(
     w: &[*const u8; R],
     q: &[*const i8; N],
     d: &[*const f32; N],
@@ -496,26 +654,17 @@ unsafe fn nvfp4_blk<const R: usize, const N: usize>(
     acc: &mut Acc<R, N>,
 ) {
     let table = e2m1_table();
-    let m4 = _mm_set1_epi8(0x0f);
     for r in 0..R {
         let p = w[r];
-        let global = (p as *const f32).read_unaligned();
-        let mut gs = [0f32; 16];
-        for (g, s) in gs.iter_mut().enumerate() {
-            // The two scales multiply in f32 first, as the reference dequantization does.
-            *s = e4m3_to_f32(*p.add(4 + g)) * global;
-        }
+        let gs = nvfp4_scales(p.add(4), (p as *const f32).read_unaligned());
         for m in 0..8 {
-            let packed = _mm_loadu_si128(p.add(20 + 16 * m) as *const __m128i);
-            let lo = _mm_and_si128(packed, m4);
-            let hi = _mm_and_si128(_mm_srli_epi16::<4>(packed), m4);
-            // Low nibble is the even value: interleaving restores value order.
-            let codes = _mm256_set_m128i(_mm_unpackhi_epi8(lo, hi), _mm_unpacklo_epi8(lo, hi));
-            let wv = _mm256_shuffle_epi8(table, codes);
+            let wv = _mm256_shuffle_epi8(table, nibbles_interleaved(p.add(20 + 16 * m)));
             // i32 lanes 0..4 sum group 2m, lanes 4..8 group 2m + 1.
-            let sv = _mm256_set_m128(_mm_set1_ps(gs[2 * m + 1]), _mm_set1_ps(gs[2 * m]));
+            let c = (2 * (m % 4)) as i32;
+            let pick = _mm256_setr_epi32(c, c, c, c, c + 1, c + 1, c + 1, c + 1);
+            let sv = _mm256_permutevar8x32_ps(gs[m / 4], pick);
             for t in 0..N {
-                let s = cvt(dot_s(wv, lda(q[t], 32 * m)));
+                let s = cvt(dot_s::<D>(wv, lda(q[t], 32 * m)));
                 let sc = _mm256_mul_ps(sv, _mm256_set1_ps(*d[t].add(m)));
                 acc[r][t][m & 1] = _mm256_fmadd_ps(s, sc, acc[r][t][m & 1]);
             }
