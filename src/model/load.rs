@@ -1,8 +1,10 @@
-//! How each architecture names and lays out its tensors: one decoder layer at a time.
+//! Reading one decoder layer at a time; the names that differ between families come from
+//! their [`arch::HfNames`].
 
 mod experts;
 
-use super::config::{Arch, LayerKind, ModelConfig};
+use super::arch::{self, SharedExpert};
+use super::config::{LayerKind, ModelConfig};
 use super::routing::RouterParams;
 use super::weights::{
     AttentionWeights, DeltaNetProjections, DeltaNetWeights, FeedForward, LayerWeights, Loader, MlaWeights,
@@ -133,25 +135,28 @@ impl Loader<'_> {
         })
     }
 
+    /// The MoE block of layer prefix `p`, named as [`arch::spec`] says for `cfg`'s family.
     fn moe(&mut self, cfg: &ModelConfig, p: &str) -> Result<MoeWeights, ModelError> {
         let h = cfg.hidden_size;
-        let m = if cfg.arch == Arch::Mixtral { format!("{p}.block_sparse_moe") } else { format!("{p}.mlp") };
-        let router_name = if cfg.arch == Arch::GptOss { "router" } else { "gate" };
-        let correction_bias = match cfg.arch {
-            Arch::Glm4Moe | Arch::DeepseekV3 => Some(self.host_vector(&format!("{m}.gate.e_score_correction_bias"), cfg.num_experts)?),
-            _ => None,
+        let names = arch::spec(cfg.arch).hf;
+        let m = format!("{p}.{}", names.moe_block);
+        let router = format!("{m}.{}", names.router);
+        let correction_bias = if names.correction_bias {
+            Some(self.host_vector(&format!("{router}.e_score_correction_bias"), cfg.num_experts)?)
+        } else {
+            None
         };
-        let (shared, shared_gate) = match cfg.arch {
+        let (shared, shared_gate) = match names.shared {
             _ if cfg.shared_intermediate_size == 0 => (None, None),
-            Arch::Qwen2Moe | Arch::Qwen3Next | Arch::Qwen35Moe => (
-                Some(self.mlp(&format!("{m}.shared_expert"), h, cfg.shared_intermediate_size)?),
-                Some(self.linear(&format!("{m}.shared_expert_gate"), 1, h, false)?),
+            SharedExpert::Gated { mlp, gate } => (
+                Some(self.mlp(&format!("{m}.{mlp}"), h, cfg.shared_intermediate_size)?),
+                Some(self.linear(&format!("{m}.{gate}"), 1, h, false)?),
             ),
-            Arch::Glm4Moe | Arch::DeepseekV3 => (Some(self.mlp(&format!("{m}.shared_experts"), h, cfg.shared_intermediate_size)?), None),
-            _ => (None, None),
+            SharedExpert::Plain(mlp) => (Some(self.mlp(&format!("{m}.{mlp}"), h, cfg.shared_intermediate_size)?), None),
+            SharedExpert::None => (None, None),
         };
         Ok(MoeWeights {
-            router: self.linear(&format!("{m}.{router_name}"), cfg.num_experts, h, cfg.router_bias)?,
+            router: self.linear(&router, cfg.num_experts, h, cfg.router_bias)?,
             params: RouterParams {
                 kind: cfg.routing,
                 top_k: cfg.top_k,

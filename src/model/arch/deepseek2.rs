@@ -17,7 +17,7 @@
 //!   `mscale(factor, mscale_all_dim)²` into the softmax scale.
 
 use super::qwen3_moe::EXPERTS;
-use super::{ArchSpec, GgufKeys, TensorPair, LLAMA};
+use super::{Arch, ArchSpec, GgufKeys, HfNames, SharedExpert, TensorPair, HF_NAMES, LLAMA};
 use crate::model::config::ConfigError;
 use crate::model::gguf::load::{file_dtype, format_err, GgufModel};
 use crate::model::gguf::GgufTensor;
@@ -52,8 +52,12 @@ pub(super) const MOE: &[TensorPair] = &[
 ];
 
 /// DeepSeek-V3 as llama.cpp converts it.
+/// Plain shared experts and a router correction bias (DeepSeek-V3, GLM-4.5).
+pub(super) const CORRECTED_SHARED: HfNames =
+    HfNames { shared: SharedExpert::Plain("shared_experts"), correction_bias: true, ..HF_NAMES };
+
 pub const SPEC: ArchSpec =
-    ArchSpec { gguf: "deepseek2", model_type: "deepseek_v3", tensors: &[LLAMA, MLA, MOE], experts: EXPERTS, permuted_qk: false, config, extra: Some(extra) };
+    ArchSpec { arch: Arch::DeepseekV3, hf: CORRECTED_SHARED, gguf: "deepseek2", model_type: "deepseek_v3", tensors: &[LLAMA, MLA, MOE], experts: EXPERTS, permuted_qk: false, config, extra: Some(extra) };
 
 /// llama.cpp's `expert_gating_func` values.
 const GATING_SOFTMAX: usize = 1;

@@ -12,12 +12,12 @@
 
 use super::deepseek2::{decoder_layers, sigmoid_routing, MOE};
 use super::qwen3_moe::EXPERTS;
-use super::{ArchSpec, GgufKeys, ATTN_PROJ, POST_NORM_LAYOUT, QKV_BIAS, QK_NORM};
+use super::{Arch, ArchSpec, GgufKeys, ATTN_PROJ, POST_NORM_LAYOUT, QKV_BIAS, QK_NORM};
 use crate::model::config::ConfigError;
 use serde_json::{json, Map, Value};
 
 /// GLM-4.5 MoE as llama.cpp converts it.
-pub const SPEC: ArchSpec = ArchSpec { gguf: "glm4moe", model_type: "glm4_moe", tensors: &[POST_NORM_LAYOUT, ATTN_PROJ, QKV_BIAS, QK_NORM, MOE], experts: EXPERTS, permuted_qk: false, config, extra: None };
+pub const SPEC: ArchSpec = ArchSpec { arch: Arch::Glm4Moe, hf: super::deepseek2::CORRECTED_SHARED, gguf: "glm4moe", model_type: "glm4_moe", tensors: &[POST_NORM_LAYOUT, ATTN_PROJ, QKV_BIAS, QK_NORM, MOE], experts: EXPERTS, permuted_qk: false, config, extra: None };
 
 /// llama.cpp's default gating for GLM4_MOE: sigmoid.
 const GATING_DEFAULT: usize = 2;

@@ -10,7 +10,7 @@
 //! the biases, split the same way, as stacked f32 `[E, I]`/`[E, H]` tensors
 //! (`mlp.experts.{gate,up,down}_proj_bias`).
 
-use super::{ArchSpec, GgufKeys, TensorPair, ATTN_PROJ, POST_NORM_LAYOUT, QKV_BIAS};
+use super::{Arch, ArchSpec, GgufKeys, HfNames, TensorPair, ATTN_PROJ, HF_NAMES, POST_NORM_LAYOUT, QKV_BIAS};
 use crate::model::config::ConfigError;
 use crate::model::gguf::MetaValue;
 use serde_json::{json, Map, Value};
@@ -37,7 +37,7 @@ const EXPERTS: &[TensorPair] = &[
 ];
 
 /// gpt-oss as llama.cpp converts it.
-pub const SPEC: ArchSpec = ArchSpec { gguf: "gpt-oss", model_type: "gpt_oss", tensors: &[POST_NORM_LAYOUT, ATTN_PROJ, QKV_BIAS, TENSORS], experts: EXPERTS, permuted_qk: false, config, extra: None };
+pub const SPEC: ArchSpec = ArchSpec { arch: Arch::GptOss, hf: HfNames { router: "router", stacked_experts: true, ..HF_NAMES }, gguf: "gpt-oss", model_type: "gpt_oss", tensors: &[POST_NORM_LAYOUT, ATTN_PROJ, QKV_BIAS, TENSORS], experts: EXPERTS, permuted_qk: false, config, extra: None };
 
 /// The clamp and slope of gpt-oss's SwiGLU, which llama.cpp compiles in
 /// (`LLM_FFN_SWIGLU_OAI_MOE`: `ggml_swiglu_oai(…, 1.702, 7.0)`); its converter writes neither.

@@ -1,7 +1,7 @@
 //! Mixtral (`mixtral`; GGUF `llama` with experts): llama layers, a sparse MoE block, and
 //! query/key rows reordered by llama.cpp's converter for its interleaved RoPE.
 
-use super::{ArchSpec, GgufKeys, TensorPair, LLAMA};
+use super::{Arch, ArchSpec, GgufKeys, HfNames, TensorPair, HF_NAMES, LLAMA};
 use crate::model::config::ConfigError;
 use serde_json::{json, Map, Value};
 
@@ -14,8 +14,11 @@ const EXPERTS: &[TensorPair] = &[
     ("blk.{i}.ffn_up_exps.weight", "model.layers.{i}.block_sparse_moe.experts.{e}.w3.weight"),
 ];
 
+/// Mixtral's sparse MoE block and `w1`/`w3`/`w2` experts.
+const HF: HfNames = HfNames { moe_block: "block_sparse_moe", expert_proj: ["w1", "w3", "w2"], ..HF_NAMES };
+
 /// Mixtral as llama.cpp converts it (architecture `llama` with `expert_count` > 0).
-pub const SPEC: ArchSpec = ArchSpec { gguf: "llama", model_type: "mixtral", tensors: &[LLAMA, ROUTER], experts: EXPERTS, permuted_qk: true, config, extra: None };
+pub const SPEC: ArchSpec = ArchSpec { arch: Arch::Mixtral, hf: HF, gguf: "llama", model_type: "mixtral", tensors: &[LLAMA, ROUTER], experts: EXPERTS, permuted_qk: true, config, extra: None };
 
 fn config(k: &GgufKeys, c: &mut Map<String, Value>) -> Result<(), ConfigError> {
     if k.usize_opt("expert_count")?.unwrap_or(0) == 0 {

@@ -11,7 +11,7 @@ mod qwen2_moe;
 mod qwen3_moe;
 mod qwen3_next;
 
-use super::config::ConfigError;
+use super::config::{Arch, ConfigError};
 use super::gguf::{MetaValue, Metadata};
 use serde_json::{json, Map, Value};
 use std::path::Path;
@@ -20,12 +20,59 @@ use std::path::Path;
 /// in stacked expert tensors (`ffn_*_exps`), `{e}` for the expert.
 pub type TensorPair = (&'static str, &'static str);
 
-/// How one architecture's GGUF files map onto its Hugging Face checkpoint.
+/// How a family's shared expert is stored, under its MoE block.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SharedExpert {
+    /// No shared expert.
+    None,
+    /// A shared expert MLP whose output a one-row sigmoid gate scales (Qwen2-MoE, Qwen3-Next,
+    /// Qwen3.5/3.6-MoE): the MLP's and the gate's names.
+    Gated { mlp: &'static str, gate: &'static str },
+    /// Shared experts summed as they are (DeepSeek-V3, GLM-4.5): the MLP's name.
+    Plain(&'static str),
+}
+
+/// The names a family's Hugging Face checkpoint gives the parts of a decoder layer that
+/// differ between families. The folder loader (`model::load`) asks for these, and a GGUF
+/// file's tensors become them through the family's tables (`arch::tests` checks that every
+/// table agrees with them).
+#[derive(Clone, Copy, Debug)]
+pub struct HfNames {
+    /// The MoE block under `model.layers.{i}`: `mlp`, or `block_sparse_moe` (Mixtral).
+    pub moe_block: &'static str,
+    /// The router under the MoE block: `gate`, or `router` (gpt-oss).
+    pub router: &'static str,
+    /// Each expert's gate, up and down projections under `experts.{e}`.
+    pub expert_proj: [&'static str; 3],
+    /// Experts stacked in one `gate_up_proj [E, H, 2I]` and one `down_proj` with biases
+    /// (gpt-oss's checkpoints) instead of one tensor per expert and projection.
+    pub stacked_experts: bool,
+    /// The shared expert, if any.
+    pub shared: SharedExpert,
+    /// The router's `e_score_correction_bias` (DeepSeek-V3, GLM-4.5).
+    pub correction_bias: bool,
+}
+
+/// The names most families use.
+pub const HF_NAMES: HfNames = HfNames {
+    moe_block: "mlp",
+    router: "gate",
+    expert_proj: ["gate_proj", "up_proj", "down_proj"],
+    stacked_experts: false,
+    shared: SharedExpert::None,
+    correction_bias: false,
+};
+
+/// How one architecture's checkpoints are named, in a Hugging Face folder and in a GGUF file.
 pub struct ArchSpec {
+    /// The architecture.
+    pub arch: Arch,
     /// `general.architecture` in GGUF.
     pub gguf: &'static str,
     /// `model_type` of the Hugging Face config.
     pub model_type: &'static str,
+    /// Names in the Hugging Face checkpoint.
+    pub hf: HfNames,
     /// GGUF → Hugging Face tensor names, in tables shared between families.
     pub tensors: &'static [&'static [TensorPair]],
     /// Stacked expert tensors `[E, rows, cols]` → the per-expert names.
@@ -87,6 +134,20 @@ pub const QK_NORM: &[TensorPair] = &[
 
 /// Every architecture a GGUF file may hold.
 pub const SPECS: &[&ArchSpec] = &[&qwen3_moe::SPEC, &qwen2_moe::SPEC, &mixtral::SPEC, &gpt_oss::SPEC, &deepseek2::SPEC, &glm4_moe::SPEC, &qwen3_next::QWEN3_NEXT, &qwen3_next::QWEN35_MOE];
+
+/// The names of `arch`'s checkpoints.
+pub fn spec(arch: Arch) -> &'static ArchSpec {
+    match arch {
+        Arch::Qwen3Moe => &qwen3_moe::SPEC,
+        Arch::Qwen2Moe => &qwen2_moe::SPEC,
+        Arch::Mixtral => &mixtral::SPEC,
+        Arch::GptOss => &gpt_oss::SPEC,
+        Arch::DeepseekV3 => &deepseek2::SPEC,
+        Arch::Glm4Moe => &glm4_moe::SPEC,
+        Arch::Qwen3Next => &qwen3_next::QWEN3_NEXT,
+        Arch::Qwen35Moe => &qwen3_next::QWEN35_MOE,
+    }
+}
 
 /// Typed access to GGUF metadata, with errors naming the file and key.
 pub struct GgufKeys<'a> {

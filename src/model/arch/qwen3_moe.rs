@@ -1,6 +1,6 @@
 //! Qwen3-MoE (`qwen3_moe`; GGUF `qwen3moe`).
 
-use super::{ArchSpec, GgufKeys, TensorPair, LLAMA, QKV_BIAS, QK_NORM};
+use super::{Arch, ArchSpec, GgufKeys, TensorPair, HF_NAMES, LLAMA, QKV_BIAS, QK_NORM};
 use crate::model::config::ConfigError;
 use serde_json::{json, Map, Value};
 
@@ -21,7 +21,7 @@ pub(super) const EXPERTS: &[TensorPair] = &[
 ];
 
 /// Qwen3-MoE as llama.cpp converts it.
-pub const SPEC: ArchSpec = ArchSpec { gguf: "qwen3moe", model_type: "qwen3_moe", tensors: &[LLAMA, QKV_BIAS, QK_NORM, QWEN], experts: EXPERTS, permuted_qk: false, config, extra: None };
+pub const SPEC: ArchSpec = ArchSpec { arch: Arch::Qwen3Moe, hf: HF_NAMES, gguf: "qwen3moe", model_type: "qwen3_moe", tensors: &[LLAMA, QKV_BIAS, QK_NORM, QWEN], experts: EXPERTS, permuted_qk: false, config, extra: None };
 
 fn config(k: &GgufKeys, c: &mut Map<String, Value>) -> Result<(), ConfigError> {
     // llama.cpp always renormalises Qwen3-MoE's top-k weights (every published config says

@@ -55,11 +55,11 @@ const TENSORS: &[TensorPair] = &[
 
 /// Qwen3-Next as llama.cpp converts it.
 pub const QWEN3_NEXT: ArchSpec =
-    ArchSpec { gguf: "qwen3next", model_type: "qwen3_next", tensors: &[ATTN_PROJ, QKV_BIAS, TENSORS], experts: EXPERTS, permuted_qk: false, config, extra: Some(extra) };
+    ArchSpec { arch: Arch::Qwen3Next, hf: super::qwen2_moe::QWEN_SHARED, gguf: "qwen3next", model_type: "qwen3_next", tensors: &[ATTN_PROJ, QKV_BIAS, TENSORS], experts: EXPERTS, permuted_qk: false, config, extra: Some(extra) };
 
 /// Qwen3.5/3.6-MoE (text) as llama.cpp converts it.
 pub const QWEN35_MOE: ArchSpec =
-    ArchSpec { gguf: "qwen35moe", model_type: "qwen3_5_moe", tensors: &[ATTN_PROJ, QKV_BIAS, TENSORS], experts: EXPERTS, permuted_qk: false, config, extra: Some(extra) };
+    ArchSpec { arch: Arch::Qwen35Moe, hf: super::qwen2_moe::QWEN_SHARED, gguf: "qwen35moe", model_type: "qwen3_5_moe", tensors: &[ATTN_PROJ, QKV_BIAS, TENSORS], experts: EXPERTS, permuted_qk: false, config, extra: Some(extra) };
 
 /// llama.cpp's layer pattern without `full_attention_interval`.
 const DEFAULT_INTERVAL: usize = 4;

@@ -98,3 +98,47 @@ fn tensor_names_map_to_the_checkpoints() {
     let m = spec_for(&meta("llama", &[]), Path::new("x")).unwrap();
     assert_eq!(hf_name(m, "blk.2.ffn_up_exps.weight"), Some(("model.layers.2.block_sparse_moe.experts.{e}.w3.weight".into(), true)));
 }
+
+/// Every GGUF table entry for a family's MoE block (router, correction bias, experts, shared
+/// expert) names the tensor the folder loader asks for under that family's [`HfNames`], so
+/// the two loaders cannot drift apart; `spec` finds each family's own entry.
+#[test]
+fn gguf_tables_use_the_hf_names() {
+    for s in SPECS {
+        assert_eq!(spec(s.arch).gguf, s.gguf, "spec({:?}) is another family's entry", s.arch);
+        let n = s.hf;
+        let block = format!("model.layers.{{i}}.{}", n.moe_block);
+        let mut want: Vec<(String, String)> = vec![("blk.{i}.ffn_gate_inp.weight".into(), format!("{block}.{}.weight", n.router))];
+        if n.correction_bias {
+            want.push(("blk.{i}.exp_probs_b.bias".into(), format!("{block}.{}.e_score_correction_bias", n.router)));
+        }
+        let proj = ["gate", "up", "down"];
+        for (g, p) in proj.iter().zip(n.expert_proj) {
+            want.push((format!("blk.{{i}}.ffn_{g}_exps.weight"), format!("{block}.experts.{{e}}.{p}.weight")));
+        }
+        let shared_mlp = match n.shared {
+            SharedExpert::None => None,
+            SharedExpert::Gated { mlp, gate } => {
+                want.push(("blk.{i}.ffn_gate_inp_shexp.weight".into(), format!("{block}.{gate}.weight")));
+                Some(mlp)
+            }
+            SharedExpert::Plain(mlp) => Some(mlp),
+        };
+        if let Some(mlp) = shared_mlp {
+            for g in proj {
+                want.push((format!("blk.{{i}}.ffn_{g}_shexp.weight"), format!("{block}.{mlp}.{g}_proj.weight")));
+            }
+        }
+        let table: Vec<TensorPair> = s.tensors.iter().flat_map(|t| t.iter().copied()).chain(s.experts.iter().copied()).collect();
+        for (gguf, hf) in &want {
+            let found: Vec<&str> = table.iter().filter(|(g, _)| g == gguf).map(|(_, h)| *h).collect();
+            assert_eq!(found, vec![hf.as_str()], "{}: {gguf}", s.gguf);
+        }
+        // Nothing in the tables names a MoE part outside the family's block.
+        for (gguf, hf) in &table {
+            if gguf.contains("_exps") || gguf.contains("shexp") || gguf.contains("ffn_gate_inp") {
+                assert!(hf.starts_with(&block), "{}: {gguf} → {hf} is outside {block}", s.gguf);
+            }
+        }
+    }
+}

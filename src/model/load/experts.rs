@@ -3,7 +3,7 @@
 //! gpt-oss's fused, transposed, interleaved tensors with biases, and gpt-oss split per expert (GGUF).
 
 use super::shape_error;
-use crate::model::config::{Arch, ModelConfig};
+use crate::model::config::ModelConfig;
 use crate::model::weights::{ExpertBiases, ExpertWeights, HostMatrix, Loader};
 use crate::model::weights_file::TensorRef;
 use crate::model::ModelError;
@@ -14,8 +14,9 @@ impl Loader<'_> {
     /// The routed experts of one MoE layer under `prefix` (`….mlp.experts`).
     pub fn experts(&mut self, prefix: &str, cfg: &ModelConfig) -> Result<Vec<ExpertWeights>, ModelError> {
         let (n, hidden, inter) = (cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size);
+        let names = crate::model::arch::spec(cfg.arch).hf;
         let fused = format!("{prefix}.gate_up_proj");
-        if cfg.arch == Arch::GptOss {
+        if names.stacked_experts {
             return self.gpt_oss_experts(prefix, n, hidden, inter);
         }
         if self.files.contains(&fused) {
@@ -38,10 +39,7 @@ impl Loader<'_> {
                 })
                 .collect();
         }
-        let (g, u, d) = match cfg.arch {
-            Arch::Mixtral => ("w1", "w3", "w2"),
-            _ => ("gate_proj", "up_proj", "down_proj"),
-        };
+        let [g, u, d] = names.expert_proj;
         (0..n)
             .map(|e| {
                 Ok(ExpertWeights {
