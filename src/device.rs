@@ -40,12 +40,15 @@ pub struct DeviceOptions {
     pub cpu_threads: Option<usize>,
     /// How the CPU backend's decode products meet block-quantized weights.
     pub quant_dot: ft_backend_cpu::QuantDot,
+    /// The CPU backend runs on this pool (the engine's, shared with its CPU expert
+    /// executors) instead of starting its own.
+    pub cpu_pool: Option<Arc<rayon::ThreadPool>>,
 }
 
 /// Creates the backend; `Auto` falls back to the CPU with a log line when no GPU backend opens.
 pub fn create_backend(opts: &DeviceOptions) -> Result<Arc<dyn Backend>, BackendError> {
     let cpu = || -> Result<Arc<dyn Backend>, BackendError> {
-        Ok(Arc::new(CpuBackend::new(CpuOptions { threads: opts.cpu_threads, quant_dot: opts.quant_dot, ..Default::default() })?))
+        Ok(Arc::new(CpuBackend::new(CpuOptions { threads: opts.cpu_threads, quant_dot: opts.quant_dot, pool: opts.cpu_pool.clone(), ..Default::default() })?))
     };
     match opts.backend {
         BackendChoice::Cpu => cpu(),

@@ -98,11 +98,12 @@ pub fn expert_on_cpu(
 impl Actor for CpuExecutors {
     type Msg = CpuMsg;
     type State = CpuState;
-    type Arguments = (usize, QuantDot, BinaryOp, HostExperts);
+    /// The worker pool (the engine's, shared with a CPU backend), the decode products' mode,
+    /// the experts' activation and the host pool.
+    type Arguments = (Arc<rayon::ThreadPool>, QuantDot, BinaryOp, HostExperts);
 
-    async fn pre_start(&self, _me: ActorRef<CpuMsg>, (threads, dot, act, host): Self::Arguments) -> Result<CpuState, ActorProcessingErr> {
-        let pool = rayon::ThreadPoolBuilder::new().num_threads(threads.max(1)).thread_name(|i| format!("ft-cpu-exec-{i}")).build()?;
-        Ok(CpuState { pool: Arc::new(pool), level: SimdLevel::Auto.effective(), dot, act, host })
+    async fn pre_start(&self, _me: ActorRef<CpuMsg>, (pool, dot, act, host): Self::Arguments) -> Result<CpuState, ActorProcessingErr> {
+        Ok(CpuState { pool, level: SimdLevel::Auto.effective(), dot, act, host })
     }
 
     async fn handle(&self, _me: ActorRef<CpuMsg>, msg: CpuMsg, st: &mut CpuState) -> Result<(), ActorProcessingErr> {

@@ -30,7 +30,7 @@ fn start_err(e: impl std::fmt::Display) -> EngineError {
 
 /// Measures `(b_p, b_h)`: host→device copies of one expert through the backend, and the CPU
 /// executor kernel streaming one expert for a single token. Best of a few repetitions.
-fn measure_bandwidths(be: &dyn Backend, host: &HostExperts, shape: ExpertShape, threads: usize, quant_dot: QuantDot, act: ft_backend::BinaryOp) -> Result<(f64, f64), EngineError> {
+fn measure_bandwidths(be: &dyn Backend, host: &HostExperts, shape: ExpertShape, cpu_pool: &rayon::ThreadPool, quant_dot: QuantDot, act: ft_backend::BinaryOp) -> Result<(f64, f64), EngineError> {
     let Some(w) = host.iter().flat_map(|l| l.first()).next() else { return Ok((0.0, 0.0)) };
     let bytes = w.size_bytes() as f64;
     // Enough repetitions to measure a few megabytes even for tiny experts.
@@ -44,13 +44,12 @@ fn measure_bandwidths(be: &dyn Backend, host: &HostExperts, shape: ExpertShape, 
         be.synchronize(stream).map_err(start_err)?;
         best_p = best_p.min(t.elapsed().as_secs_f64());
     }
-    let cpu_pool = rayon::ThreadPoolBuilder::new().num_threads(threads.max(1)).build().map_err(start_err)?;
     let level = ft_backend_cpu::kernels::SimdLevel::Auto.effective();
     let x = vec![0.01f32; w.gate.cols];
     let mut best_h = f64::INFINITY;
     for _ in 0..reps {
         let t = Instant::now();
-        expert_on_cpu(&cpu_pool, level, quant_dot, act, w, &x, 1).map_err(EngineError::Start)?;
+        expert_on_cpu(cpu_pool, level, quant_dot, act, w, &x, 1).map_err(EngineError::Start)?;
         best_h = best_h.min(t.elapsed().as_secs_f64());
     }
     Ok((bytes / best_p.max(1e-9), bytes / best_h.max(1e-9)))
@@ -66,7 +65,17 @@ pub(super) async fn spawn(
         Some(d) => d.clone(),
         None => crate::demo::demo_model_dir().map_err(start_err)?,
     };
-    let backend = create_backend(&DeviceOptions { backend: config.backend, cpu_threads: config.cpu_threads, quant_dot: config.quant_dot }).map_err(start_err)?;
+    // One worker pool for the CPU backend's kernels and the CPU expert executors, so the
+    // cores are never oversubscribed: with a pool each, the idle one's workers spun and
+    // yielded on the cores the busy one was streaming weights on.
+    let cpu_pool = Arc::new(ft_backend_cpu::start_pool(config.cpu_threads).map_err(start_err)?);
+    let backend = create_backend(&DeviceOptions {
+        backend: config.backend,
+        cpu_threads: config.cpu_threads,
+        quant_dot: config.quant_dot,
+        cpu_pool: Some(cpu_pool.clone()),
+    })
+    .map_err(start_err)?;
     let load_dir = dir.clone();
     let load_backend = backend.clone();
     let model = tokio::task::spawn_blocking(move || Model::load(&load_dir, load_backend, &mut *progress))
@@ -91,7 +100,6 @@ pub(super) async fn spawn(
     let cfg = model.config().clone();
     let st = stats(&model);
     let context = config.ctx_size.unwrap_or(cfg.max_position_embeddings).max(1);
-    let threads = config.cpu_threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
     let host: HostExperts = Arc::new((0..cfg.num_layers).map(|l| model.experts(l).to_vec()).collect());
     let shape = ExpertShape::covering(cfg.moe_intermediate_size, cfg.hidden_size, host.iter().flatten());
     // The profile key names the experts' main format (the gate's).
@@ -148,7 +156,7 @@ pub(super) async fn spawn(
             (b_p, b_h, if configured { "config" } else { "profile" })
         }
         None => {
-            let (mp, mh) = measure_bandwidths(backend.as_ref(), &host, shape, threads, config.quant_dot, cfg.expert_activation.binary_op())?;
+            let (mp, mh) = measure_bandwidths(backend.as_ref(), &host, shape, &cpu_pool, config.quant_dot, cfg.expert_activation.binary_op())?;
             let b_p = config.b_p.unwrap_or(mp);
             let b_h = config.b_h.unwrap_or(mh);
             if let Some(d) = &cache_dir {
@@ -166,7 +174,7 @@ pub(super) async fn spawn(
     let pool = Arc::new(SlotPool::new(backend.clone(), shape, slots as usize).map_err(start_err)?);
     let (cache, _) = Actor::spawn(None, CacheManager, slots).await.map_err(start_err)?;
     let (transfer, _) = Actor::spawn(None, TransferEngine, (backend.clone(), pool.clone(), host.clone())).await.map_err(start_err)?;
-    let (cpu, _) = Actor::spawn(None, CpuExecutors, (threads, config.quant_dot, cfg.expert_activation.binary_op(), host.clone())).await.map_err(start_err)?;
+    let (cpu, _) = Actor::spawn(None, CpuExecutors, (cpu_pool.clone(), config.quant_dot, cfg.expert_activation.binary_op(), host.clone())).await.map_err(start_err)?;
     let costs = SplitCosts::new(st.bytes_per_expert, b_p, b_h);
     let (router, _) = Actor::spawn(None, Router, RouterArgs { cache: cache.clone(), mode, costs }).await.map_err(start_err)?;
     let links = PipelineLinks { router: router.clone(), transfer: transfer.clone(), cpu: cpu.clone(), pool: pool.clone() };

@@ -35,11 +35,27 @@ pub struct CpuOptions {
     pub memory_limit: Option<u64>,
     /// How decode-sized matmuls meet block-quantized weights (default: exact).
     pub quant_dot: QuantDot,
+    /// Run on this pool instead of starting one (`threads` is then the pool's size). The
+    /// engine shares one pool between the backend and its CPU expert executors: a pool of
+    /// all cores each would put twice as many busy threads as there are cores.
+    pub pool: Option<Arc<rayon::ThreadPool>>,
+}
+
+/// A worker pool of `threads` (default: one per available core) named as the backend's.
+pub fn start_pool(threads: Option<usize>) -> Result<rayon::ThreadPool> {
+    let threads = threads
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+        .max(1);
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .thread_name(|i| format!("ft-cpu-{i}"))
+        .build()
+        .map_err(|e| BackendError::Unavailable(format!("cannot start {threads} CPU worker threads: {e}")))
 }
 
 /// The CPU implementation of [`ft_backend::Backend`].
 pub struct CpuBackend {
-    pool: rayon::ThreadPool,
+    pool: Arc<rayon::ThreadPool>,
     threads: usize,
     simd: SimdLevel,
     quant_dot: QuantDot,
@@ -55,17 +71,11 @@ pub struct CpuBackend {
 impl CpuBackend {
     /// Builds the backend: detects the SIMD level and starts the thread pool.
     pub fn new(opts: CpuOptions) -> Result<Self> {
-        let threads = opts
-            .threads
-            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
-            .max(1);
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(threads)
-            .thread_name(|i| format!("ft-cpu-{i}"))
-            .build()
-            .map_err(|e| {
-                BackendError::Unavailable(format!("cannot start {threads} CPU worker threads: {e}"))
-            })?;
+        let pool = match opts.pool {
+            Some(pool) => pool,
+            None => Arc::new(start_pool(opts.threads)?),
+        };
+        let threads = pool.current_num_threads();
         let simd = opts.simd.effective();
         let (total, limited) = match opts.memory_limit {
             Some(limit) => (limit, true),
