@@ -13,6 +13,7 @@
 mod common;
 use common::*;
 use ft_actor::kv::SequenceState;
+use ft_actor::model::embedding::Embedding;
 use ft_actor::model::{Logits, Model};
 use ft_actor::tokenizer::Tokenizer;
 use ft_actor::engine::{Engine, EngineRequest, GenEvent};
@@ -95,6 +96,12 @@ fn gguf_block_types_match_their_dequantized_twins() {
         let (h, i) = (mg.config().hidden_size, mg.config().moe_intermediate_size);
         let bias_bytes = if e.biases.is_some() { 4 * (2 * i + h) } else { 0 };
         assert_eq!(e.size_bytes(), 2 * i * dtype.row_bytes(h) + h * dtype.row_bytes(i) + bias_bytes, "{name} {kind}: expert bytes");
+        let emb = mg.embedding();
+        if emb.dtype().is_quantized() {
+            // Left packed in host memory (not dequantized to an f32 table at load).
+            assert!(matches!(emb, Embedding::Host { .. }), "{name} {kind}: {} embedding", emb.dtype());
+            assert_eq!(emb.size_bytes(), mg.config().vocab_size * emb.dtype().row_bytes(h), "{name} {kind}: embedding bytes");
+        }
         assert_same_model(&format!("{name} {kind}"), &mg, &mt, &prompts(&reference_json(name)));
         if dtype.is_quantized() {
             let mi = load_path_int8(&gguf);
@@ -105,6 +112,42 @@ fn gguf_block_types_match_their_dequantized_twins() {
             }
         }
     }
+}
+
+/// A GGUF without `output.weight` (tied embeddings) whose `token_embd` is Q8_0: the packed
+/// table, kept on the host for lookups, is also the output projection, and the model equals
+/// its dequantized twin.
+#[test]
+fn tied_quantized_embedding_is_the_output_projection() {
+    let Some(py) = gguf_python() else { return };
+    let src = fixture("qwen3_moe").join("checkpoint");
+    let tied = gguf_scratch("tied-src");
+    let mut cfg: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(src.join("config.json")).unwrap()).unwrap();
+    cfg["tie_word_embeddings"] = serde_json::json!(true);
+    std::fs::write(tied.join("config.json"), cfg.to_string()).unwrap();
+    for f in std::fs::read_dir(&src).unwrap().flatten() {
+        let name = f.file_name();
+        let weights = name.to_string_lossy().ends_with(".safetensors") || name == "model.safetensors.index.json";
+        if name != "config.json" && !weights {
+            std::fs::copy(f.path(), tied.join(&name)).unwrap();
+        }
+    }
+    let files = ft_actor::model::WeightFiles::open(&src).unwrap();
+    let owned: Vec<(String, Vec<usize>, Vec<u8>)> = files
+        .names()
+        .filter(|n| *n != "lm_head.weight")
+        .map(|n| {
+            let t = files.get(n).unwrap();
+            (n.to_string(), t.shape.clone(), bytemuck::cast_slice(&t.to_f32()).to_vec())
+        })
+        .collect();
+    let views = owned.iter().map(|(n, s, b)| (n.clone(), safetensors::tensor::TensorView::new(safetensors::tensor::Dtype::F32, s.clone(), b).unwrap()));
+    safetensors::serialize_to_file(views, None, &tied.join("model.safetensors")).unwrap();
+    let (gguf, twin) = gguf_convert(&py, &tied, "tied-q8_0", "q8_0", &[]);
+    let (mg, mt) = (load_path(&gguf), load_path(&twin));
+    assert!(mg.config().tie_word_embeddings);
+    assert!(matches!(mg.embedding(), Embedding::Host { dtype: DType::Q8_0, .. }), "{}", mg.embedding().dtype());
+    assert_same_model("tied q8_0", &mg, &mt, &prompts(&reference_json("qwen3_moe")));
 }
 
 #[test]

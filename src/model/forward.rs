@@ -219,7 +219,7 @@ impl Model {
         }
         let h = cfg.hidden_size;
         let mut x = scratch(be, t * h)?;
-        be.gather_rows(&self.embed, tokens, h, &mut x)?;
+        self.embed.lookup(be, tokens, h, &mut x)?;
         let mut normed = scratch(be, t * h)?;
         let mut delta = scratch(be, t * h)?;
         let past = state.len();

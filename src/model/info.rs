@@ -76,8 +76,8 @@ fn mixer_parts(m: &Mixer) -> (Vec<&Linear>, Vec<&DeviceBuffer>) {
 pub fn bytes_by_format(model: &Model) -> Vec<(&'static str, u64)> {
     let mut acc: std::collections::BTreeMap<&'static str, u64> = Default::default();
     let mut add = |d: ft_backend::DType, bytes: usize| *acc.entry(d.name()).or_default() += bytes as u64;
+    add(model.embed.dtype(), model.embed.size_bytes());
     let mut add_buf = |b: &DeviceBuffer| add(b.dtype(), b.size_bytes());
-    add_buf(&model.embed);
     add_buf(&model.final_norm);
     let mut linears: Vec<&Linear> = model.lm_head.iter().collect();
     let mut bufs: Vec<&DeviceBuffer> = vec![];

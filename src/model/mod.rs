@@ -2,6 +2,7 @@
 
 pub mod arch;
 pub mod config;
+pub mod embedding;
 pub mod forward;
 pub mod generation_config;
 pub mod gguf;
@@ -58,7 +59,7 @@ pub struct Model {
     config: ModelConfig,
     backend: Arc<dyn Backend>,
     dir: PathBuf,
-    pub(crate) embed: DeviceBuffer,
+    pub(crate) embed: embedding::Embedding,
     pub(crate) final_norm: DeviceBuffer,
     pub(crate) lm_head: Option<Linear>,
     pub(crate) layers: Vec<LayerWeights>,
@@ -94,7 +95,7 @@ impl Model {
         let layers = (0..config.num_layers).map(|i| loader.layer(&config, prefix, i)).collect::<Result<Vec<_>, _>>()?;
         let final_norm = loader.vector(&format!("{prefix}norm.weight"), h)?;
         let lm_head = if config.tie_word_embeddings && !files.contains("lm_head.weight") {
-            None
+            embed.as_weight(backend.as_ref())?.map(|w| Linear { w, bias: None, out_dim: v, in_dim: h })
         } else {
             Some(loader.linear("lm_head", v, h, false)?)
         };
@@ -146,9 +147,19 @@ impl Model {
         &self.files
     }
 
+    /// The token embedding table.
+    pub fn embedding(&self) -> &embedding::Embedding {
+        &self.embed
+    }
+
     /// The output projection (the embedding when tied).
     pub(crate) fn lm_head(&self) -> &DeviceBuffer {
-        self.lm_head.as_ref().map_or(&self.embed, |l| &l.w)
+        match (&self.lm_head, &self.embed) {
+            (Some(l), _) => &l.w,
+            (None, embedding::Embedding::Device(table)) => table,
+            // `load` makes a head of a host-side tied table.
+            (None, embedding::Embedding::Host { .. }) => unreachable!("a host embedding always has an lm_head"),
+        }
     }
 
     /// Decoder layers.

@@ -267,12 +267,11 @@ impl Loader<'_> {
         Ok(self.backend.import_host(m.bytes, m.dtype, BufferUsage::Weights)?)
     }
 
-    /// The token embedding table: rows are gathered one by one, which the backends do only
-    /// for plain dtypes, so a block-quantized table (GGUF files quantize it) is dequantized to
-    /// f32 once here.
-    pub fn embedding(&mut self, name: &str, vocab: usize, hidden: usize) -> Result<DeviceBuffer, ModelError> {
-        let m = self.dense(name, vocab, hidden)?;
-        Ok(self.backend.import_host(m.bytes, m.dtype, BufferUsage::Weights)?)
+    /// The token embedding table, a block-quantized one left packed on the host
+    /// ([`super::embedding`]).
+    pub fn embedding(&mut self, name: &str, vocab: usize, hidden: usize) -> Result<super::embedding::Embedding, ModelError> {
+        let m = self.packed(name, vocab, hidden)?;
+        super::embedding::Embedding::new(self.backend, m.bytes, m.dtype, vocab, hidden)
     }
 
     /// A `[rows, cols]` weight in a plain dtype, dequantized to f32 if stored quantized (for
