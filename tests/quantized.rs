@@ -29,7 +29,7 @@ const CASES: [(&str, QuantFormat, DType); 7] = [
 ];
 
 fn scratch(what: &str) -> PathBuf {
-    std::env::temp_dir().join(format!("ft-actor-quant-{}-{what}", std::process::id()))
+    scratch_dir("ft-actor-quant-", what)
 }
 
 /// Writes `name` in `format` and its twin; returns (quantized, twin) folders.

@@ -133,11 +133,34 @@ pub fn gguf_python() -> Option<PathBuf> {
     None
 }
 
-/// A scratch folder of this test process.
-pub fn gguf_scratch(what: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("ft-actor-gguf-{}-{what}", std::process::id()));
+/// `<temp>/<prefix><pid>-<what>`, a scratch folder of this test process. Test binaries have
+/// no teardown, so the first call removes the folders of earlier runs whose process has ended
+/// (the GGUF and quantized tests write ~1 GB a run, which filled the disk after a few dozen).
+pub fn scratch_dir(prefix: &str, what: &str) -> PathBuf {
+    static SWEPT: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+    let tmp = std::env::temp_dir();
+    if let Ok(mut swept) = SWEPT.lock() {
+        if !swept.iter().any(|p| p == prefix) {
+            swept.push(prefix.to_string());
+            for entry in std::fs::read_dir(&tmp).into_iter().flatten().flatten() {
+                let name = entry.file_name().to_string_lossy().into_owned();
+                let pid = name.strip_prefix(prefix).and_then(|rest| rest.split('-').next()).and_then(|p| p.parse::<u32>().ok());
+                // Only where /proc tells which processes are alive (Linux); elsewhere nothing goes.
+                let ended = |p: u32| Path::new("/proc/self").exists() && !Path::new(&format!("/proc/{p}")).exists();
+                if pid.is_some_and(|p| p != std::process::id() && ended(p)) {
+                    let _ = std::fs::remove_dir_all(entry.path());
+                }
+            }
+        }
+    }
+    let d = tmp.join(format!("{prefix}{}-{what}", std::process::id()));
     std::fs::create_dir_all(&d).expect("scratch dir");
     d
+}
+
+/// A scratch folder of this test process for GGUF files.
+pub fn gguf_scratch(what: &str) -> PathBuf {
+    scratch_dir("ft-actor-gguf-", what)
 }
 
 /// Converts `src` (a checkpoint folder) with tests/python/hf_to_gguf.py to `<what>.gguf` of `kind` and its twin; returns (gguf, twin).
