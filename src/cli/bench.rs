@@ -59,7 +59,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
     let spread = |s: &crate::bench::Spread, digits: usize| format!("{:.d$} ({:.d$}–{:.d$})", s.median, s.min, s.max, d = digits);
     if !a.json {
         println!(
-            "memory read bandwidth {:.1} GB/s (median of {} passes over {} MiB with {threads} threads; {:.1}–{:.1})",
+            "memory read bandwidth {:.1} GB/s (median of {} passes summing {} MiB with {threads} threads and the widest vector loads; {:.1}–{:.1})",
             bw.median, bw.passes, a.bandwidth_mib, bw.min, bw.max
         );
         println!(

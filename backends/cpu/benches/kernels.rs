@@ -21,7 +21,8 @@ use ft_backend::{Backend, BufferUsage, DType, DeviceBuffer, MatmulDesc, StreamId
 use ft_backend_cpu::{CpuBackend, CpuOptions, QuantDot};
 use std::time::Instant;
 
-/// Median read bandwidth (bytes/s) summing a 1 GiB buffer with `threads` threads.
+/// Median read bandwidth (bytes/s) summing a 1 GiB buffer with `threads` threads, with the
+/// widest loads the CPU has (`kernels::stream_sum`).
 fn read_bandwidth(threads: usize) -> f64 {
     let words = (1usize << 30) / 8;
     let buf: Vec<u64> = (0..words as u64).collect();
@@ -33,16 +34,7 @@ fn read_bandwidth(threads: usize) -> f64 {
                 let hs: Vec<_> = buf
                     .chunks(chunk)
                     .map(|c| {
-                        s.spawn(move || {
-                            // Eight independent lanes so the adds keep up with the loads.
-                            let mut acc = [0u64; 8];
-                            for v in c.chunks_exact(8) {
-                                for i in 0..8 {
-                                    acc[i] = acc[i].wrapping_add(v[i]);
-                                }
-                            }
-                            acc.iter().fold(0u64, |a, b| a.wrapping_add(*b))
-                        })
+                        s.spawn(move || ft_backend_cpu::kernels::stream_sum(ft_backend_cpu::SimdLevel::Auto, c))
                     })
                     .collect();
                 hs.into_iter()

@@ -15,6 +15,7 @@ pub mod recurrent;
 pub mod rope;
 pub mod select;
 pub mod simd;
+pub mod stream;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
@@ -28,6 +29,7 @@ pub use recurrent::{causal_conv1d, gated_delta_rule};
 pub use rope::rope;
 pub use select::{gather_rows, scatter_add_rows, top_k};
 pub use simd::SimdLevel;
+pub use stream::stream_sum;
 
 use ft_backend::{BackendError, Result};
 
