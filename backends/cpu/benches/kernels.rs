@@ -7,7 +7,7 @@
 //! 1. One-token matmuls through the backend in both `QuantDot` modes: GB/s of weight bytes
 //!    (counted from the packed sizes) as a fraction of a read-bandwidth probe run in the
 //!    same process.
-//! 2. One thread, a cache-warm matrix, 1, 2, 4 and 5 tokens: GFLOP/s (2·n·k·m per timed call)
+//! 2. One thread, a cache-warm matrix, 1, 2, 4, 5, 16 and 64 tokens: GFLOP/s (2·n·k·m per timed call)
 //!    and GB/s, the kernels' compute rate free of pool and memory effects.
 //!
 //! `FT_BENCH_THREADS` sets the worker count (default: the backend's); `FT_BENCH_DTYPES`
@@ -217,16 +217,17 @@ fn throughput(b: &CpuBackend, threads: Option<usize>, quant_dot: QuantDot) {
 }
 
 /// One thread, one cache-warm `k=2048 × 768` matrix, straight through
-/// `kernels::matmul` on a one-thread pool, in both [`QuantDot`] modes: the kernels' compute rate (values/ns) for 1..=4 tokens, free of
-/// pool and memory effects.
+/// `kernels::matmul` on a one-thread pool, in both [`QuantDot`] modes: the kernels' compute
+/// rate for 1, 2, 4, 5, 16 and 64 tokens (decode sizes, and an expert's share of a prefill),
+/// free of pool and memory effects.
 /// Part 2 of the module docs.
 fn quant_kernel_rate_single_thread() {
     use ft_backend_cpu::{kernels, SimdLevel};
     let (k, m) = (2048, 768);
     let mut rng = ft_backend::conformance::Rng::new(2);
     let vals = rng.vec(m * k, 1.0);
-    let x = rng.vec(5 * k, 1.0);
-    let mut out = vec![0f32; 5 * m];
+    let x = rng.vec(64 * k, 1.0);
+    let mut out = vec![0f32; 64 * m];
     let pool = rayon::ThreadPoolBuilder::new().num_threads(1).build().expect("pool");
     println!("1 thread, k={k} × {m} rows, warm: GFLOP/s (GB/s of weights) per token count");
     for dtype in [
@@ -249,7 +250,7 @@ fn quant_kernel_rate_single_thread() {
         let mut line = format!("{:>6}:", dtype.name());
         for dot in [QuantDot::Exact, QuantDot::Int8] {
             line += &format!("  {dot}");
-            for n in [1, 2, 4, 5] {
+            for n in [1, 2, 4, 5, 16, 64] {
                 let per = time(5, 51, || {
                     kernels::matmul(&pool, SimdLevel::Auto, dot, &x, n, k, &w, dtype, m, &mut out)
                         .expect("matmul");
