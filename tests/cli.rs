@@ -294,4 +294,13 @@ fn bench_reports_counted_bytes_and_spread() {
     }
     assert_eq!(v["memory_gb_s"]["passes"], 3);
     assert!(v["roofline_fraction"].as_f64().unwrap() > 0.0);
+    // The step split is timed (every decode step runs MoE layers), and on Linux the pool's
+    // busy share comes from the kernel's per-thread CPU accounting.
+    let experts = v["step_expert_fraction"].as_f64().unwrap();
+    assert!(experts > 0.0 && experts < 1.0, "expert phase fraction {experts}");
+    assert!((experts + v["step_rest_fraction"].as_f64().unwrap() - 1.0).abs() < 1e-9);
+    if cfg!(target_os = "linux") {
+        let busy = v["pool_busy_fraction"].as_f64().expect("pool busy on Linux");
+        assert!(busy > 0.0 && busy <= 1.05, "pool busy {busy}");
+    }
 }

@@ -185,6 +185,7 @@ impl Worker {
         };
         let start = Instant::now();
         let messaging_before = self.run.messaging_s;
+        let phase_before = self.run.expert_phase_s;
         let read_before = crate::model::reads::total();
         let logits = if prompt { self.prefill(seq, &tokens, cached)? } else { self.forward(seq, &tokens, Logits::Last)? };
         self.dev.steps += 1;
@@ -193,6 +194,7 @@ impl Worker {
             self.dev.decode_s += start.elapsed().as_secs_f64();
             self.dev.decode_weight_bytes += crate::model::reads::total() - read_before;
             self.dev.actor_overhead_s += self.run.messaging_s - messaging_before;
+            self.dev.decode_expert_s += self.run.expert_phase_s - phase_before;
             let s = self.seqs.get_mut(&seq).ok_or("unknown sequence")?;
             if self.args.reuse.anchor_after_decode(tokens[0], s.state.len(), s.last_anchor) {
                 self.save_anchor(seq);

@@ -46,6 +46,9 @@ pub struct RunStats {
     pub layers: HashMap<usize, LayerStats>,
     /// Seconds spent in actor messaging (plan round trips, job delivery).
     pub messaging_s: f64,
+    /// Seconds the device stream spent in MoE expert phases, from asking the router for a
+    /// plan to the last expert's output added (messaging included).
+    pub expert_phase_s: f64,
 }
 
 fn err(e: impl std::fmt::Display) -> ModelError {
@@ -89,6 +92,16 @@ pub struct PipelineExperts<'a> {
 
 impl ExpertRunner for PipelineExperts<'_> {
     fn run_experts(&mut self, model: &Model, layer: usize, h: &DeviceBuffer, routing: &Routing, out: &mut DeviceBuffer) -> Result<(), ModelError> {
+        let start = Instant::now();
+        let r = self.experts_inner(model, layer, h, routing, out);
+        self.stats.expert_phase_s += start.elapsed().as_secs_f64();
+        r
+    }
+}
+
+impl PipelineExperts<'_> {
+    /// [`ExpertRunner::run_experts`], timed by the caller.
+    fn experts_inner(&mut self, model: &Model, layer: usize, h: &DeviceBuffer, routing: &Routing, out: &mut DeviceBuffer) -> Result<(), ModelError> {
         let be = model.backend();
         let hidden = model.config().hidden_size;
         let host = model.experts(layer);

@@ -118,6 +118,33 @@ pub struct BenchReport {
     pub cpu_per_token: f64,
     /// Actor messaging as a fraction of decode step time.
     pub actor_overhead: f64,
+    /// MoE expert phases as a fraction of decode step time (timed on the device stream; the
+    /// rest is attention, dense layers, routing and the head).
+    pub expert_phase: f64,
+    /// Busy fraction of the CPU worker pool's threads over the decode runs (their CPU time
+    /// from the kernel's per-thread accounting / (threads × decode wall time)); `None` where
+    /// `/proc` does not say.
+    pub pool_busy: Option<f64>,
+}
+
+/// CPU seconds the threads named `ft-cpu-*` (the worker pool) have run, and how many there
+/// are, from `/proc/self/task/*/schedstat` (nanoseconds on a CPU); `None` without `/proc`.
+pub fn pool_cpu_seconds() -> Option<(f64, usize)> {
+    let mut total = 0u64;
+    let mut threads = 0usize;
+    for task in std::fs::read_dir("/proc/self/task").ok()?.flatten() {
+        let p = task.path();
+        let Ok(name) = std::fs::read_to_string(p.join("comm")) else { continue };
+        if !name.starts_with("ft-cpu-") {
+            continue;
+        }
+        let Ok(stat) = std::fs::read_to_string(p.join("schedstat")) else { continue };
+        if let Some(ns) = stat.split_whitespace().next().and_then(|v| v.parse::<u64>().ok()) {
+            total += ns;
+            threads += 1;
+        }
+    }
+    (threads > 0).then_some((total as f64 / 1e9, threads))
 }
 
 /// A deterministic prompt that spreads over the vocabulary (routing then varies as in text).
@@ -138,13 +165,22 @@ pub async fn run(engine: &EngineHandle, opts: &BenchOptions, progress: &mut (dyn
     let runs = opts.repeats.max(1);
     let (mut prefill, mut decode, mut gb_s, mut bytes) = (vec![], vec![], vec![], vec![]);
     let mut last_stats = None;
+    // Pool CPU seconds and thread-seconds of wall time over every decode run.
+    let (mut pool_cpu, mut pool_wall, mut pool_known) = (0.0, 0.0, true);
     for r in 0..runs {
         let prompt = prompt_for(1 + 2 * r as u32);
         progress(&format!("run {}/{runs}: cold prefill of {} tokens", r + 1, prompt.len()));
-        let (prefill_s, _, _) = one_run(engine, prompt, 1).await?;
+        let (prefill_s, _, _, _) = one_run(engine, prompt, 1).await?;
         prefill.push(prompt_len_or_1(opts) / prefill_s.max(1e-9));
         progress(&format!("run {}/{runs}: decode of {} tokens", r + 1, opts.gen_tokens));
-        let (_, decode_s, n) = one_run(engine, prompt_for(2 + 2 * r as u32), opts.gen_tokens + 1).await?;
+        let (_, decode_s, n, cpu) = one_run(engine, prompt_for(2 + 2 * r as u32), opts.gen_tokens + 1).await?;
+        match cpu {
+            Some((secs, threads)) => {
+                pool_cpu += secs;
+                pool_wall += threads as f64 * decode_s;
+            }
+            None => pool_known = false,
+        }
         let tok_s = n.saturating_sub(1).max(1) as f64 / decode_s.max(1e-9);
         // The engine counts the bytes its decode steps read, and the steps, since the reset at
         // the first token: both over the same steps.
@@ -171,17 +207,20 @@ pub async fn run(engine: &EngineHandle, opts: &BenchOptions, progress: &mut (dyn
         fetched_per_token: stats.total.fetched as f64 / steps,
         cpu_per_token: stats.total.cpu_computed as f64 / steps,
         actor_overhead: stats.actor_overhead_fraction(),
+        expert_phase: stats.expert_phase_fraction(),
+        pool_busy: (pool_known && pool_wall > 0.0).then(|| pool_cpu / pool_wall),
     })
 }
 
-/// One request: (time to first token, seconds after it, tokens). The engine's stats are reset
-/// at the first token, so they describe the decode alone.
-async fn one_run(engine: &EngineHandle, prompt: Vec<u32>, tokens: usize) -> Result<(f64, f64, usize), EngineError> {
+/// One request: (time to first token, seconds after it, tokens, the worker pool's CPU seconds
+/// and threads after it). The engine's stats are reset at the first token, so they describe
+/// the decode alone.
+async fn one_run(engine: &EngineHandle, prompt: Vec<u32>, tokens: usize) -> Result<(f64, f64, usize, Option<(f64, usize)>), EngineError> {
     let mut req = EngineRequest::greedy(prompt, tokens);
     req.ignore_eos = true;
     let start = Instant::now();
     let mut stream = engine.generate(req).await?;
-    let (mut first, mut n) = (None, 0usize);
+    let (mut first, mut n, mut cpu0) = (None, 0usize, None);
     while let Some(ev) = stream.next().await {
         match ev {
             GenEvent::Token { .. } => {
@@ -189,6 +228,7 @@ async fn one_run(engine: &EngineHandle, prompt: Vec<u32>, tokens: usize) -> Resu
                 if first.is_none() {
                     first = Some(start.elapsed().as_secs_f64());
                     engine.reset_stats().await?;
+                    cpu0 = pool_cpu_seconds();
                 }
             }
             GenEvent::Done(_) => break,
@@ -196,7 +236,12 @@ async fn one_run(engine: &EngineHandle, prompt: Vec<u32>, tokens: usize) -> Resu
         }
     }
     let first = first.unwrap_or_default();
-    Ok((first, start.elapsed().as_secs_f64() - first, n))
+    let elapsed = start.elapsed().as_secs_f64() - first;
+    let cpu = match (cpu0, pool_cpu_seconds()) {
+        (Some((a, _)), Some((b, threads))) => Some((b - a, threads)),
+        _ => None,
+    };
+    Ok((first, elapsed, n, cpu))
 }
 
 fn prompt_len_or_1(o: &BenchOptions) -> f64 {

@@ -65,12 +65,14 @@ pub fn run(a: BenchArgs) -> Result<()> {
         println!(
             "{} runs per mode: tokens/s from timers (median, min–max); weight bytes per token from the counter of every \
              weight-matrix product (the model's shape says the figure in brackets); GB/s = counted bytes / decode time; \
-             roofline = that / the median bandwidth; prefills are cold; quantized weights meet {} activations",
+             roofline = that / the median bandwidth; prefills are cold; quantized weights meet {} activations; \
+             step split = decode wall time in MoE expert phases · the rest (attention, dense layers, routing, head), timed \
+             on the device stream; pool busy = CPU time of the worker pool's threads (kernel accounting) / (threads × decode time)",
             opts.repeats,
             a.model.quant_dot
         );
-        println!("| mode | effective | cache slots | prefill tok/s | decode tok/s | MB read/tok | GB/s | roofline | hit rate | MB moved/tok | fetched/tok | CPU experts/tok | actor overhead |");
-        println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+        println!("| mode | effective | cache slots | prefill tok/s | decode tok/s | MB read/tok | GB/s | roofline | hit rate | MB moved/tok | fetched/tok | CPU experts/tok | actor overhead | step split experts · rest | pool busy |");
+        println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     }
     for (mode, (info, r)) in rows {
         let roofline = r.decode_gb_s.median / memory_gb_s.max(1e-9);
@@ -87,11 +89,13 @@ pub fn run(a: BenchArgs) -> Result<()> {
                 "hit_rate": r.hit_rate, "bytes_moved_per_token": r.bytes_moved_per_token,
                 "fetched_per_token": r.fetched_per_token, "cpu_experts_per_token": r.cpu_per_token,
                 "actor_overhead_fraction": r.actor_overhead, "b_p": info.b_p, "b_h": info.b_h,
+                "step_expert_fraction": r.expert_phase, "step_rest_fraction": 1.0 - r.expert_phase,
+                "pool_busy_fraction": r.pool_busy,
             });
             println!("{v}");
         } else {
             println!(
-                "| {mode} | {} | {} | {} | {} | {:.0} ({:.0}) | {} | {:.0} % | {:.0} % | {:.1} | {:.1} | {:.1} | {:.2} % |",
+                "| {mode} | {} | {} | {} | {} | {:.0} ({:.0}) | {} | {:.0} % | {:.0} % | {:.1} | {:.1} | {:.1} | {:.2} % | {:.0} % · {:.0} % | {} |",
                 info.moe_mode.split(' ').nth(2).unwrap_or("?"),
                 info.memory.cache_slots,
                 spread(&r.prefill_tok_s, 1),
@@ -104,7 +108,10 @@ pub fn run(a: BenchArgs) -> Result<()> {
                 r.bytes_moved_per_token / 1e6,
                 r.fetched_per_token,
                 r.cpu_per_token,
-                r.actor_overhead * 100.0
+                r.actor_overhead * 100.0,
+                r.expert_phase * 100.0,
+                (1.0 - r.expert_phase) * 100.0,
+                r.pool_busy.map_or("n/a".to_string(), |b| format!("{:.0} %", b * 100.0))
             );
         }
     }

@@ -269,6 +269,10 @@ pub struct EngineStats {
     pub decode_weight_bytes: u64,
     /// Seconds of decode wall time spent in actor messaging (round trips and queueing).
     pub actor_overhead_s: f64,
+    /// Seconds of decode wall time in MoE expert phases (plan, expert compute or waiting for
+    /// it, adding the outputs; messaging included); the rest of a step is attention, the dense
+    /// layers, routing and the output head.
+    pub decode_expert_s: f64,
     /// Tokens generated.
     pub tokens_generated: u64,
     /// Prompt tokens of finished prefills (reused ones included).
@@ -289,6 +293,11 @@ impl EngineStats {
     /// Actor messaging as a fraction of decode wall time.
     pub fn actor_overhead_fraction(&self) -> f64 {
         if self.decode_s > 0.0 { self.actor_overhead_s / self.decode_s } else { 0.0 }
+    }
+
+    /// MoE expert phases as a fraction of decode wall time.
+    pub fn expert_phase_fraction(&self) -> f64 {
+        if self.decode_s > 0.0 { self.decode_expert_s / self.decode_s } else { 0.0 }
     }
 }
 
