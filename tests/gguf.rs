@@ -150,6 +150,23 @@ fn tied_quantized_embedding_is_the_output_projection() {
     assert_same_model("tied q8_0", &mg, &mt, &prompts(&reference_json("qwen3_moe")));
 }
 
+/// Files converted with llama.cpp's `--fuse-gate-up-exps` (one `ffn_gate_up_exps [E, 2I, H]`
+/// per layer, which llama.cpp reads for DeepSeek-V2/V3, Qwen3-Next and Qwen3.5-MoE): split
+/// back into per-expert gate and up views, still packed, equal to their twins.
+#[test]
+fn fused_gate_up_experts_match_their_twins() {
+    let Some(py) = gguf_python() else { return };
+    for (name, kind, dtype) in [("qwen3_moe", "q8_0", DType::Q8_0), ("deepseek_v3", "q4_0", DType::Q4_0), ("qwen3_5_moe", "q8_0", DType::Q8_0)] {
+        let (gguf, twin) = gguf_convert(&py, &fixture(name).join("checkpoint"), &format!("{name}-{kind}-fused"), kind, &["--fuse-gate-up"]);
+        let (mg, mt) = (load_path(&gguf), load_path(&twin));
+        let layer = mg.config().moe_layers.iter().position(|m| *m).unwrap();
+        let e = &mg.experts(layer)[1];
+        assert_eq!((e.gate.dtype, e.up.dtype, e.down.dtype), (dtype, dtype, dtype), "{name} {kind}: experts stay packed");
+        assert_eq!((e.gate.rows, e.up.rows), (mg.config().moe_intermediate_size, mg.config().moe_intermediate_size));
+        assert_same_model(&format!("{name} {kind} fused gate/up"), &mg, &mt, &prompts(&reference_json(name)));
+    }
+}
+
 #[test]
 fn f32_gguf_matches_the_transformers_reference() {
     let Some(py) = gguf_python() else { return };

@@ -3,7 +3,7 @@ the way llama.cpp's convert_hf_to_gguf.py + llama-quantize lay it out, and write
 dequantized f32 twin: a folder with the same config and tokenizer whose tensors are exactly the
 values the GGUF decodes to (decoded by gguf-py's numpy reference, not by the engine).
 
-usage: hf_to_gguf.py HF_DIR OUT.gguf TWIN_DIR TYPE [--split N] [--no-twin]
+usage: hf_to_gguf.py HF_DIR OUT.gguf TWIN_DIR TYPE [--split N] [--no-twin] [--fuse-gate-up]
 TYPE: f32 f16 bf16 q8_0 q4_0 q4_k q5_k q6_k mxfp4, or q4_k_m (Q4_K with Q6_K for attn_v,
 ffn_down and output, as llama.cpp's Q4_K_M mix). A weight whose rows are not whole blocks of
 TYPE falls back to Q8_0 (or F16), as llama-quantize does. Only gguf-py and numpy are needed."""
@@ -169,6 +169,7 @@ class Converter:
         self.tensors = []  # (gguf name, data, raw qtype or None), until written
         self.twin = {}
         self.keep_twin = True
+        self.fuse_gate_up = False
         self.w = None  # the writer, once `write` has opened it
 
     def emit(self, gname, data, raw):
@@ -234,8 +235,24 @@ class Converter:
         self.keep(hname, deq)
 
     def experts(self, gname, hnames):
-        """Per-expert HF matrices stacked into one `[E, rows, cols]` GGUF tensor."""
-        deq = self.stored(gname, np.stack([self.hf[n].astype(np.float32) for n in hnames]))
+        """Per-expert HF matrices stacked into one `[E, rows, cols]` GGUF tensor. With
+        `fuse_gate_up` (llama.cpp's --fuse-gate-up-exps), a layer's gate and up experts become one
+        `ffn_gate_up_exps [E, 2I, H]`, each expert's gate rows then its up rows."""
+        x = np.stack([self.hf[n].astype(np.float32) for n in hnames])
+        if self.fuse_gate_up and gname.endswith('ffn_gate_exps.weight'):
+            self.pending_gate = (gname, hnames, x)
+            return
+        if self.fuse_gate_up and gname.endswith('ffn_up_exps.weight'):
+            ggname, ghnames, gx = self.pending_gate
+            assert ggname == gname.replace('_up_', '_gate_'), (ggname, gname)
+            deq = self.stored(gname.replace('ffn_up_exps', 'ffn_gate_up_exps'), np.concatenate([gx, x], axis=1))
+            rows = gx.shape[1]
+            for e, n in enumerate(ghnames):
+                self.keep(n, deq[e, :rows])
+            for e, n in enumerate(hnames):
+                self.keep(n, deq[e, rows:])
+            return
+        deq = self.stored(gname, x)
         for e, n in enumerate(hnames):
             self.keep(n, deq[e])
 
@@ -345,9 +362,13 @@ def main():
     no_twin = '--no-twin' in args
     if no_twin:
         args.remove('--no-twin')
+    fuse = '--fuse-gate-up' in args
+    if fuse:
+        args.remove('--fuse-gate-up')
     src, out, twin_dir, kind = args
     c = Converter(src, kind)
     c.keep_twin = not no_twin
+    c.fuse_gate_up = fuse
     mt = c.cfg['model_type']
     convert = CONVERTERS.get(mt)
     if convert is None:

@@ -78,6 +78,10 @@ impl GgufModel {
         let mut names: Vec<&str> = self.file.tensor_names().collect();
         names.sort_unstable();
         for name in names {
+            if let Some(blk) = name.strip_suffix(FUSED_GATE_UP) {
+                out.extend(self.fused_gate_up(name, blk, file_index)?);
+                continue;
+            }
             let Some((hf, stacked)) = arch::hf_name(self.spec, name) else {
                 tracing::debug!(tensor = name, "GGUF tensor not used by this architecture");
                 continue;
@@ -117,6 +121,54 @@ impl GgufModel {
         let spec = self.spec;
         let missing = Box::new(move |hf: &str| arch::gguf_name(spec, hf));
         Ok(WeightFiles::from_entries(self.file.path(), files, self.file.total_bytes(), out, missing)?)
+    }
+}
+
+/// The tensor llama.cpp's `--fuse-gate-up-exps` writes in place of `ffn_gate_exps` and
+/// `ffn_up_exps` (loaded by llama.cpp for DeepSeek-V2/V3, Qwen3-Next and Qwen3.5-MoE).
+const FUSED_GATE_UP: &str = "ffn_gate_up_exps.weight";
+
+impl GgufModel {
+    /// `blk.N.ffn_gate_up_exps [E, 2I, H]`, each expert's `I` gate rows then its `I` up rows
+    /// (`torch.cat([gate, up], dim=1)` in the converter), as the per-expert gate and up views
+    /// the unfused tensors would give: whole rows, so any block type splits without decoding.
+    fn fused_gate_up(&self, name: &str, blk: &str, file_index: impl Fn(&GgufTensor) -> usize) -> Result<Vec<ExternalTensor>, ModelError> {
+        let hf = |part: &str| arch::hf_name(self.spec, &format!("{blk}ffn_{part}_exps.weight")).map(|(h, _)| h);
+        let (Some(gate), Some(up)) = (hf("gate"), hf("up")) else {
+            tracing::debug!(tensor = name, "GGUF tensor not used by this architecture");
+            return Ok(vec![]);
+        };
+        let t = self.file.tensor(name)?;
+        let file = file_index(&t);
+        let shape: Vec<usize> = t.dims.iter().rev().copied().collect();
+        let [n, rows2, cols] = *shape.as_slice() else {
+            return Err(format_err(&t, format!("a fused gate/up expert tensor must have 3 dimensions, found {shape:?}")));
+        };
+        if rows2 % 2 != 0 {
+            return Err(format_err(&t, format!("{rows2} rows do not split into equal gate and up halves")));
+        }
+        let rows = rows2 / 2;
+        let dtype = match file_dtype(t.ggml_type) {
+            Ok(d) => d,
+            Err(kind) => {
+                let msg = format!("tensor `{name}` in {} is {kind}", t.file.display());
+                let mut v = unreadable(gate, file, vec![n, rows, cols], t.bytes.clone(), &msg, true);
+                v.extend(unreadable(up, file, vec![n, rows, cols], t.bytes.clone(), &msg, true));
+                return Ok(v);
+            }
+        };
+        let half = rows * row_bytes(dtype, cols);
+        if 2 * half * n != t.bytes.len() {
+            return Err(format_err(&t, format!("{} bytes for {n} experts of {rows2}×{cols} {dtype}", t.bytes.len())));
+        }
+        let mut out = Vec::with_capacity(2 * n);
+        for e in 0..n {
+            for (i, hf) in [&gate, &up].into_iter().enumerate() {
+                let bytes = t.bytes.slice((2 * e + i) * half, half).ok_or_else(|| format_err(&t, format!("expert {e} lies outside the tensor")))?;
+                out.push(ExternalTensor { name: hf.replace("{e}", &e.to_string()), file, dtype: Ok(dtype), shape: vec![rows, cols], bytes });
+            }
+        }
+        Ok(out)
     }
 }
 
