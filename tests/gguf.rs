@@ -167,6 +167,20 @@ fn fused_gate_up_experts_match_their_twins() {
     }
 }
 
+/// Files converted with llama.cpp's `--fuse-qkv` (one `attn_qkv` weight, and bias where the
+/// family has them): split back into the query, key and value projections (llama's permuted
+/// query/key rows restored), equal to their twins; the bias is still recognised as such.
+#[test]
+fn fused_qkv_matches_the_twins() {
+    let Some(py) = gguf_python() else { return };
+    for (name, kind) in [("qwen3_moe", "q8_0"), ("qwen2_moe", "q4_0"), ("mixtral", "q8_0"), ("gpt_oss", "q8_0")] {
+        let (gguf, twin) = gguf_convert(&py, &fixture(name).join("checkpoint"), &format!("{name}-{kind}-qkv"), kind, &["--fuse-qkv"]);
+        let (mg, mt) = (load_path(&gguf), load_path(&twin));
+        assert_eq!(mg.config().qkv_bias, mt.config().qkv_bias, "{name}: bias flag");
+        assert_same_model(&format!("{name} {kind} fused q/k/v"), &mg, &mt, &prompts(&reference_json(name)));
+    }
+}
+
 #[test]
 fn f32_gguf_matches_the_transformers_reference() {
     let Some(py) = gguf_python() else { return };

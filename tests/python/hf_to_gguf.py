@@ -3,11 +3,11 @@ the way llama.cpp's convert_hf_to_gguf.py + llama-quantize lay it out, and write
 dequantized f32 twin: a folder with the same config and tokenizer whose tensors are exactly the
 values the GGUF decodes to (decoded by gguf-py's numpy reference, not by the engine).
 
-usage: hf_to_gguf.py HF_DIR OUT.gguf TWIN_DIR TYPE [--split N] [--no-twin] [--fuse-gate-up]
+usage: hf_to_gguf.py HF_DIR OUT.gguf TWIN_DIR TYPE [--split N] [--no-twin] [--fuse-gate-up] [--fuse-qkv]
 TYPE: f32 f16 bf16 q8_0 q4_0 q4_k q5_k q6_k mxfp4, or q4_k_m (Q4_K with Q6_K for attn_v,
 ffn_down and output, as llama.cpp's Q4_K_M mix). A weight whose rows are not whole blocks of
 TYPE falls back to Q8_0 (or F16), as llama-quantize does. Only gguf-py and numpy are needed."""
-import json, os, shutil, struct, sys
+import json, os, re, shutil, struct, sys
 import numpy as np
 import gguf
 from gguf import GGMLQuantizationType as Q
@@ -170,6 +170,8 @@ class Converter:
         self.twin = {}
         self.keep_twin = True
         self.fuse_gate_up = False
+        self.fuse_qkv = False
+        self.qkv_parts = {}
         self.w = None  # the writer, once `write` has opened it
 
     def emit(self, gname, data, raw):
@@ -208,8 +210,42 @@ class Converter:
         """An unquantized F32 tensor (norms, biases, routers: llama-quantize leaves them)."""
         x = self.hf[hname_or_array] if isinstance(hname_or_array, str) else hname_or_array
         x = np.ascontiguousarray(x, dtype=np.float32)
+        if self.fused_qkv_part(gname, x, twin_name or hname_or_array, None):
+            return
         self.emit(gname, x, None)
         self.keep(twin_name or hname_or_array, x)
+
+    def fused_qkv_part(self, gname, x, hname, permute_heads):
+        """With `fuse_qkv` (llama.cpp's --fuse-qkv), buffers a layer's attn_q/k/v weight or bias
+        and, once all three are there, writes them as one `attn_qkv` (rows q, k, v; llama's q/k
+        already permuted) and keeps each part's decoded values for the twin. True if buffered."""
+        m = re.match(r'blk\.(\d+)\.attn_([qkv])\.(weight|bias)$', gname) if self.fuse_qkv else None
+        if not m:
+            return False
+        key = (m.group(1), m.group(3))
+        parts = self.qkv_parts.setdefault(key, {})
+        parts[m.group(2)] = (x, hname, permute_heads)
+        if len(parts) < 3:
+            return True
+        del self.qkv_parts[key]
+        xs = [parts[p][0] for p in 'qkv']
+        fused = np.concatenate(xs, axis=0)
+        name = f'blk.{key[0]}.attn_qkv.{key[1]}'
+        if key[1] == 'bias':
+            self.emit(name, fused, None)
+            deq = fused
+        else:
+            deq = self.stored(name, fused)
+        at = 0
+        for p, xp in zip('qkv', xs):
+            part = deq[at:at + xp.shape[0]]
+            at += xp.shape[0]
+            _, hn, heads = parts[p]
+            if heads:
+                r, c = part.shape
+                part = part.reshape(heads, r // heads // 2, 2, c).swapaxes(1, 2).reshape(r, c)
+            self.keep(hn, part)
+        return True
 
     def stored(self, gname, x):
         """Quantizes `x` as the file's type for `gname`; returns the values the file decodes to."""
@@ -228,6 +264,8 @@ class Converter:
         if permute_heads:
             r, c = x.shape
             x = x.reshape(permute_heads, 2, r // permute_heads // 2, c).swapaxes(1, 2).reshape(r, c)
+        if self.fused_qkv_part(gname, x, hname, permute_heads):
+            return
         deq = self.stored(gname, x)
         if permute_heads:
             r, c = deq.shape
@@ -365,10 +403,14 @@ def main():
     fuse = '--fuse-gate-up' in args
     if fuse:
         args.remove('--fuse-gate-up')
+    fuse_qkv = '--fuse-qkv' in args
+    if fuse_qkv:
+        args.remove('--fuse-qkv')
     src, out, twin_dir, kind = args
     c = Converter(src, kind)
     c.keep_twin = not no_twin
     c.fuse_gate_up = fuse
+    c.fuse_qkv = fuse_qkv
     mt = c.cfg['model_type']
     convert = CONVERTERS.get(mt)
     if convert is None:

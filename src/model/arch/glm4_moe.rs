@@ -35,7 +35,7 @@ fn config(k: &GgufKeys, c: &mut Map<String, Value>) -> Result<(), ConfigError> {
     }
     c.insert("partial_rotary_factor".into(), json!(rot as f64 / head_dim as f64));
     c.insert("use_qk_norm".into(), json!(k.has("blk.0.attn_q_norm.weight")));
-    c.insert("attention_bias".into(), json!(k.has("blk.0.attn_q.bias")));
+    c.insert("attention_bias".into(), json!(k.has_qkv_bias(0)));
     c.insert("first_k_dense_replace".into(), json!(k.usize_opt("leading_dense_block_count")?.unwrap_or(0)));
     sigmoid_routing(k, c, Some(GATING_DEFAULT))
 }

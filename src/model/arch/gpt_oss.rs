@@ -56,7 +56,7 @@ fn config(k: &GgufKeys, c: &mut Map<String, Value>) -> Result<(), ConfigError> {
     // llama.cpp requires the window (`get_key`, no default).
     c.insert("sliding_window".into(), json!(k.usize("attention.sliding_window")?));
     c.insert("layer_types".into(), json!(layer_types(k, layers)?));
-    c.insert("attention_bias".into(), json!(k.has("blk.0.attn_q.bias")));
+    c.insert("attention_bias".into(), json!(k.has_qkv_bias(0)));
     let limit = swiglu_clamp(k)?.unwrap_or(SWIGLU_LIMIT);
     c.insert("swiglu_limit".into(), json!(limit));
     c.insert("swiglu_alpha".into(), json!(SWIGLU_ALPHA));

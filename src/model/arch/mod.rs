@@ -228,6 +228,12 @@ impl GgufKeys<'_> {
         (self.tensors)(name)
     }
 
+    /// Whether layer `i`'s attention has query/key/value biases (`attn_q.bias`, or
+    /// `attn_qkv.bias` in a file converted with llama.cpp's `--fuse-qkv`).
+    pub fn has_qkv_bias(&self, i: usize) -> bool {
+        self.has(&format!("blk.{i}.attn_q.bias")) || self.has(&format!("blk.{i}.attn_qkv.bias"))
+    }
+
     /// Layers without a router (`blk.N.ffn_gate_inp.weight`): dense MLP layers.
     pub fn dense_layers(&self, layers: usize) -> Vec<usize> {
         (0..layers).filter(|i| !self.has(&format!("blk.{i}.ffn_gate_inp.weight"))).collect()

@@ -27,6 +27,6 @@ fn config(k: &GgufKeys, c: &mut Map<String, Value>) -> Result<(), ConfigError> {
     // llama.cpp does not renormalise Qwen2-MoE's top-k weights (the published configs say
     // norm_topk_prob: false).
     c.insert("norm_topk_prob".into(), json!(k.bool_opt("expert_weights_norm")?.unwrap_or(false)));
-    c.insert("qkv_bias".into(), json!(k.has("blk.0.attn_q.bias")));
+    c.insert("qkv_bias".into(), json!(k.has_qkv_bias(0)));
     Ok(())
 }

@@ -27,6 +27,6 @@ fn config(k: &GgufKeys, c: &mut Map<String, Value>) -> Result<(), ConfigError> {
     // llama.cpp always renormalises Qwen3-MoE's top-k weights (every published config says
     // norm_topk_prob: true); a file may say otherwise.
     c.insert("norm_topk_prob".into(), json!(k.bool_opt("expert_weights_norm")?.unwrap_or(true)));
-    c.insert("attention_bias".into(), json!(k.has("blk.0.attn_q.bias")));
+    c.insert("attention_bias".into(), json!(k.has_qkv_bias(0)));
     Ok(())
 }

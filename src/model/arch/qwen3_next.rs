@@ -106,7 +106,7 @@ fn config(k: &GgufKeys, c: &mut Map<String, Value>) -> Result<(), ConfigError> {
     }
     // llama.cpp always renormalises these families' top-k weights.
     c.insert("norm_topk_prob".into(), json!(k.bool_opt("expert_weights_norm")?.unwrap_or(true)));
-    c.insert("attention_bias".into(), json!((0..layers).any(|i| k.has(&format!("blk.{i}.attn_q.bias")))));
+    c.insert("attention_bias".into(), json!((0..layers).any(|i| k.has_qkv_bias(i))));
     if !c.contains_key("intermediate_size") {
         let dense = c.get("mlp_only_layers").and_then(Value::as_array).is_some_and(|a| !a.is_empty());
         if dense {

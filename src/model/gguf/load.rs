@@ -78,8 +78,8 @@ impl GgufModel {
         let mut names: Vec<&str> = self.file.tensor_names().collect();
         names.sort_unstable();
         for name in names {
-            if let Some(blk) = name.strip_suffix(FUSED_GATE_UP) {
-                out.extend(self.fused_gate_up(name, blk, file_index)?);
+            if let Some(parts) = super::fused::split(self, name, &file_index)? {
+                out.extend(parts);
                 continue;
             }
             let Some((hf, stacked)) = arch::hf_name(self.spec, name) else {
@@ -109,7 +109,7 @@ impl GgufModel {
             }
             let bytes = if self.spec.permuted_qk && (name.ends_with("attn_q.weight") || name.ends_with("attn_k.weight")) {
                 let heads = if name.ends_with("attn_q.weight") { self.config.num_heads } else { self.config.num_kv_heads };
-                unpermute_rows(&t, dtype_ok, &shape, heads)?
+                unpermute_rows(&t, t.bytes.as_slice(), dtype_ok, &shape, heads)?
             } else {
                 t.bytes.clone()
             };
@@ -124,56 +124,8 @@ impl GgufModel {
     }
 }
 
-/// The tensor llama.cpp's `--fuse-gate-up-exps` writes in place of `ffn_gate_exps` and
-/// `ffn_up_exps` (loaded by llama.cpp for DeepSeek-V2/V3, Qwen3-Next and Qwen3.5-MoE).
-const FUSED_GATE_UP: &str = "ffn_gate_up_exps.weight";
-
-impl GgufModel {
-    /// `blk.N.ffn_gate_up_exps [E, 2I, H]`, each expert's `I` gate rows then its `I` up rows
-    /// (`torch.cat([gate, up], dim=1)` in the converter), as the per-expert gate and up views
-    /// the unfused tensors would give: whole rows, so any block type splits without decoding.
-    fn fused_gate_up(&self, name: &str, blk: &str, file_index: impl Fn(&GgufTensor) -> usize) -> Result<Vec<ExternalTensor>, ModelError> {
-        let hf = |part: &str| arch::hf_name(self.spec, &format!("{blk}ffn_{part}_exps.weight")).map(|(h, _)| h);
-        let (Some(gate), Some(up)) = (hf("gate"), hf("up")) else {
-            tracing::debug!(tensor = name, "GGUF tensor not used by this architecture");
-            return Ok(vec![]);
-        };
-        let t = self.file.tensor(name)?;
-        let file = file_index(&t);
-        let shape: Vec<usize> = t.dims.iter().rev().copied().collect();
-        let [n, rows2, cols] = *shape.as_slice() else {
-            return Err(format_err(&t, format!("a fused gate/up expert tensor must have 3 dimensions, found {shape:?}")));
-        };
-        if rows2 % 2 != 0 {
-            return Err(format_err(&t, format!("{rows2} rows do not split into equal gate and up halves")));
-        }
-        let rows = rows2 / 2;
-        let dtype = match file_dtype(t.ggml_type) {
-            Ok(d) => d,
-            Err(kind) => {
-                let msg = format!("tensor `{name}` in {} is {kind}", t.file.display());
-                let mut v = unreadable(gate, file, vec![n, rows, cols], t.bytes.clone(), &msg, true);
-                v.extend(unreadable(up, file, vec![n, rows, cols], t.bytes.clone(), &msg, true));
-                return Ok(v);
-            }
-        };
-        let half = rows * row_bytes(dtype, cols);
-        if 2 * half * n != t.bytes.len() {
-            return Err(format_err(&t, format!("{} bytes for {n} experts of {rows2}×{cols} {dtype}", t.bytes.len())));
-        }
-        let mut out = Vec::with_capacity(2 * n);
-        for e in 0..n {
-            for (i, hf) in [&gate, &up].into_iter().enumerate() {
-                let bytes = t.bytes.slice((2 * e + i) * half, half).ok_or_else(|| format_err(&t, format!("expert {e} lies outside the tensor")))?;
-                out.push(ExternalTensor { name: hf.replace("{e}", &e.to_string()), file, dtype: Ok(dtype), shape: vec![rows, cols], bytes });
-            }
-        }
-        Ok(out)
-    }
-}
-
 /// Entries that report `msg` when read: one per expert for a stacked tensor.
-fn unreadable(hf: String, file: usize, shape: Vec<usize>, bytes: HostBytes, msg: &str, stacked: bool) -> Vec<ExternalTensor> {
+pub(super) fn unreadable(hf: String, file: usize, shape: Vec<usize>, bytes: HostBytes, msg: &str, stacked: bool) -> Vec<ExternalTensor> {
     let entry = |name: String, shape: Vec<usize>| ExternalTensor { name, file, dtype: Err(msg.to_string()), shape, bytes: bytes.clone() };
     match (stacked, shape.as_slice()) {
         (true, [n, rest @ ..]) => (0..*n).map(|e| entry(hf.replace("{e}", &e.to_string()), rest.to_vec())).collect(),
@@ -213,7 +165,8 @@ pub(crate) fn split_experts(hf: &str, t: &GgufTensor, file: usize, dtype: FileDT
 /// Undoes llama.cpp's reordering of query/key rows for interleaved RoPE: its converter
 /// stores row `2j + t` of each head from row `t·(d/2) + j` of the checkpoint (whole rows move,
 /// so any block type is reordered without decoding).
-fn unpermute_rows(t: &GgufTensor, dtype: FileDType, shape: &[usize], heads: usize) -> Result<HostBytes, ModelError> {
+/// `src` holds the rows (all of `t`'s, or a part of a fused tensor); `t` names them in errors.
+pub(super) fn unpermute_rows(t: &GgufTensor, src: &[u8], dtype: FileDType, shape: &[usize], heads: usize) -> Result<HostBytes, ModelError> {
     let [rows, cols] = *shape else {
         return Err(format_err(t, format!("expected a matrix, found shape {shape:?}")));
     };
@@ -221,7 +174,6 @@ fn unpermute_rows(t: &GgufTensor, dtype: FileDType, shape: &[usize], heads: usiz
         return Err(format_err(t, format!("{rows} rows do not split into {heads} heads of even size")));
     }
     let rb = row_bytes(dtype, cols);
-    let src = t.bytes.as_slice();
     if src.len() != rows * rb {
         return Err(format_err(t, format!("{} bytes for {rows}×{cols} {dtype}", src.len())));
     }

@@ -2,6 +2,7 @@
 //! model config, tokenizer and chat template rebuilt from their metadata.
 
 pub mod file;
+mod fused;
 pub mod load;
 pub mod tokenizer;
 
