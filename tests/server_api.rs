@@ -189,6 +189,17 @@ fn malformed_and_hostile_requests() {
     openai_error(&get("/v1/responses/resp_missing"), 404, None);
     // 13. Bad cache resize.
     openai_error(&post("/v1/cache/resize", &json!({"slots": -1})), 400, Some("slots"));
+    // 14. A route asked with the wrong method → 405 with a body in the API's shape.
+    openai_error(&get("/v1/chat/completions"), 405, None);
+    anthropic_error(&get("/v1/messages"), 405, "invalid_request_error");
+    // 15. A tool result without the id of the call it answers.
+    let calls = json!([{"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]);
+    let no_id = json!({"messages": [
+        {"role": "user", "content": "x"},
+        {"role": "assistant", "content": null, "tool_calls": calls},
+        {"role": "tool", "content": "42"},
+    ]});
+    openai_error(&post("/v1/chat/completions", &chat(no_id)), 400, Some("messages[2].tool_call_id"));
 
     still_serving();
 }

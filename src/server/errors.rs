@@ -28,6 +28,8 @@ pub enum ErrorKind {
     Authentication,
     /// Unknown model, route or stored object (404).
     NotFound,
+    /// A route that exists, asked with a method it does not take (405).
+    MethodNotAllowed,
     /// The body is larger than the server accepts (413).
     TooLarge,
     /// The request queue is full (429).
@@ -45,6 +47,7 @@ impl ErrorKind {
             ErrorKind::InvalidRequest => StatusCode::BAD_REQUEST,
             ErrorKind::Authentication => StatusCode::UNAUTHORIZED,
             ErrorKind::NotFound => StatusCode::NOT_FOUND,
+            ErrorKind::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             ErrorKind::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             ErrorKind::RateLimit => StatusCode::TOO_MANY_REQUESTS,
             ErrorKind::Overloaded => StatusCode::SERVICE_UNAVAILABLE,
@@ -54,7 +57,7 @@ impl ErrorKind {
 
     fn openai_type(self) -> &'static str {
         match self {
-            ErrorKind::InvalidRequest | ErrorKind::NotFound | ErrorKind::TooLarge => "invalid_request_error",
+            ErrorKind::InvalidRequest | ErrorKind::NotFound | ErrorKind::MethodNotAllowed | ErrorKind::TooLarge => "invalid_request_error",
             ErrorKind::Authentication => "authentication_error",
             ErrorKind::RateLimit => "rate_limit_error",
             ErrorKind::Overloaded => "service_unavailable_error",
@@ -64,7 +67,7 @@ impl ErrorKind {
 
     fn anthropic_type(self) -> &'static str {
         match self {
-            ErrorKind::InvalidRequest => "invalid_request_error",
+            ErrorKind::InvalidRequest | ErrorKind::MethodNotAllowed => "invalid_request_error",
             ErrorKind::Authentication => "authentication_error",
             ErrorKind::NotFound => "not_found_error",
             ErrorKind::TooLarge => "request_too_large",

@@ -180,6 +180,7 @@ pub fn app(state: AppState) -> Router {
     Router::new()
         .route("/health", get(ops::health))
         .merge(api)
+        .method_not_allowed_fallback(method_not_allowed)
         .fallback(not_found)
         .layer(middleware::from_fn_with_state(state.clone(), metrics::count_requests))
         .with_state(state)
@@ -198,6 +199,14 @@ async fn not_found(req: Request) -> Response {
     let flavor = flavor_of(req.uri().path(), req.headers());
     let msg = format!("no route for {} {}", req.method(), req.uri().path());
     ApiError::new(ErrorKind::NotFound, msg).response(flavor)
+}
+
+/// A route asked with a method it does not take: 405 in the API's own error shape (axum's
+/// default answers with an empty body, which clients report as an unparsable error).
+async fn method_not_allowed(req: Request) -> Response {
+    let flavor = flavor_of(req.uri().path(), req.headers());
+    let msg = format!("{} does not take {} requests", req.uri().path(), req.method());
+    ApiError::new(ErrorKind::MethodNotAllowed, msg).response(flavor)
 }
 
 /// `--api-key`: every route but `/health` needs `Authorization: Bearer KEY` or `x-api-key`.

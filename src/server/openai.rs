@@ -163,8 +163,16 @@ pub(super) fn chat_messages(messages: &[Value]) -> Result<Vec<Value>, ApiError> 
             "tool" | "function" => {
                 msg.insert("role".into(), "tool".into());
                 msg.insert("content".into(), content.into());
-                if let Some(id) = m.get("tool_call_id").and_then(Value::as_str) {
-                    msg.insert("tool_call_id".into(), id.into());
+                match m.get("tool_call_id").and_then(Value::as_str) {
+                    Some(id) => {
+                        msg.insert("tool_call_id".into(), id.into());
+                    }
+                    // A tool result answers one call (OpenAI answers 400 without the id); the
+                    // deprecated `function` role names the function instead.
+                    None if role == "tool" => {
+                        return Err(ApiError::invalid(format!("{p}.tool_call_id"), "a tool message needs the tool_call_id of the call it answers"))
+                    }
+                    None => {}
                 }
             }
             other => {
