@@ -121,6 +121,8 @@ fn generate_runs_on_the_builtin_demo_model_with_chat() {
     let o = ft(&["generate", "--prompt", "Hello!", "--chat", "--system", "Be brief.", "--max-tokens", "8", "--seed", "1"]);
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(stderr(&o).contains("new tokens"), "{}", stderr(&o));
+    // Which backend ran is said on stderr (with `auto`, the CPU here: no GPU in CI).
+    assert!(stderr(&o).lines().any(|l| l.starts_with("running on ") && l.contains("MoE mode")), "{}", stderr(&o));
 }
 
 #[test]

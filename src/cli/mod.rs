@@ -121,7 +121,12 @@ pub async fn start_engine(config: EngineConfig) -> Result<EngineHandle> {
     )
     .await;
     bar.finish_and_clear();
-    Ok(handle?)
+    let handle = handle?;
+    // Said on stderr by every command that runs the model: `--backend auto` may have fallen
+    // back to the CPU, which the logs only say at info level.
+    let info = handle.info();
+    eprintln!("running on {} · MoE mode {}", info.backend, info.moe_mode);
+    Ok(handle)
 }
 
 /// A tokio runtime for a command.
