@@ -9,6 +9,7 @@ pub mod gguf;
 pub mod info;
 mod load;
 pub mod quant;
+pub mod readahead;
 pub mod reads;
 mod mixer;
 pub mod rope;

@@ -393,7 +393,9 @@ fn map_file(path: &Path) -> Result<Mmap, GgufError> {
     }
     // SAFETY: the map is read-only; as with any mapped model file, it must not be truncated
     // while the engine runs (the same contract as llama.cpp's and safetensors' loaders).
-    unsafe { Mmap::map(&file) }.map_err(io)
+    let map = unsafe { Mmap::map(&file) }.map_err(io)?;
+    crate::model::readahead::advise(&map, path);
+    Ok(map)
 }
 
 impl GgufFile {
