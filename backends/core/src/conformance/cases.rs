@@ -310,7 +310,8 @@ pub fn rope(b: &dyn Backend) {
 
 /// `attention` with a KV cache of `dtype`: prefill (n > 1, from position 0 and continuing),
 /// decode (n = 1, kv_len > n, capacity > kv_len), GQA and MQA, sliding windows (including 1),
-/// sinks, `v_head_dim != head_dim`, odd head sizes, and up to 16 query heads per KV head.
+/// sinks, `v_head_dim != head_dim`, odd head sizes, up to 16 query heads per KV head, and the
+/// head sizes of the supported families up to MLA's 576.
 pub fn attention(b: &dyn Backend, dtype: DType) {
     if !supported(b, Op::Attention, dtype) {
         return;
@@ -330,6 +331,13 @@ pub fn attention(b: &dyn Backend, dtype: DType) {
         (1, 2, 2, 3, 5, 1, 1, None, false),
         (3, 20, 2, 32, 48, 50, 50, None, true),
         (1, 16, 1, 64, 64, 100, 100, Some(50), false),
+        // The head sizes of the supported families: Qwen3-Next's 256, 512, and MLA's absorbed
+        // attention (DeepSeek-V3: keys of 576 = 512 latent + 64 rotary, values of 512).
+        (1, 4, 2, 256, 256, 33, 40, None, false),
+        (3, 4, 2, 256, 256, 3, 3, None, false),
+        (1, 2, 1, 512, 512, 20, 24, None, false),
+        (1, 8, 1, 576, 512, 29, 32, None, false),
+        (4, 8, 1, 576, 512, 4, 4, None, false),
     ];
     for (
         n_tokens,
