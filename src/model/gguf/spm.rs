@@ -12,7 +12,7 @@ use std::collections::HashMap;
 use serde_json::{json, Map, Value as Json};
 
 use super::{
-    is_pad_placeholder, Keys, TokenEntry, KEY_TOKENS, TYPE_BYTE, TYPE_CONTROL, TYPE_NORMAL,
+    vocab_entries, Keys, TokenEntry, TYPE_BYTE, TYPE_CONTROL, TYPE_NORMAL,
     TYPE_UNKNOWN, TYPE_USER_DEFINED,
 };
 use crate::tokenizer::TokenizerError;
@@ -49,18 +49,10 @@ pub(super) fn sentencepiece_bpe(
 
     let mut vocab = Map::new();
     let mut added = Vec::new();
-    let mut seen: HashMap<&str, usize> = HashMap::new();
     // Pieces a merge may produce or consume: normal ones, and user-defined ones, which llama.cpp
     // also reaches by merging (sentencepiece matches those whole, as the added tokens do here).
     let mut mergeable: HashMap<&str, usize> = HashMap::new();
-    for (id, tok) in tokens.iter().enumerate() {
-        if is_pad_placeholder(id, tok) {
-            continue;
-        }
-        if let Some(prev) = seen.insert(tok.text, id) {
-            let msg = format!("token {:?} appears at ids {prev} and {id}", tok.text);
-            return Err(keys.error(KEY_TOKENS, msg));
-        }
+    for (id, tok) in vocab_entries(keys, tokens)? {
         // Every piece keeps its id in the model (as in LlamaTokenizerFast), so ids_to_tokens
         // and byte fallback see all of them; the ones typed into text as a whole are also
         // added tokens, matched before the model runs.

@@ -394,12 +394,11 @@ fn is_pad_placeholder(id: usize, tok: &TokenEntry) -> bool {
     tok.kind == TYPE_UNUSED && tok.text.strip_prefix("[PAD").and_then(|s| s.strip_suffix(']')) == Some(id.to_string().as_str())
 }
 
-/// A byte-level BPE tokenizer.json (GPT-2 style, as Qwen, Llama 3, DeepSeek and GLM use).
-fn byte_level_bpe(keys: &Keys, tokens: &[TokenEntry], family: &PreFamily) -> Result<Json, TokenizerError> {
-    let mut vocab = Map::new();
-    let mut added_ids: HashMap<&str, usize> = HashMap::new();
-    let mut added = Vec::new();
-    let mut seen: HashMap<&str, usize> = HashMap::new();
+/// The vocabulary's real entries with their ids: the `[PAD…]` placeholders left out, and a
+/// text that appears at two ids refused (either vocabulary model would keep only one).
+fn vocab_entries<'a>(keys: &Keys, tokens: &'a [TokenEntry<'a>]) -> Result<Vec<(usize, &'a TokenEntry<'a>)>, TokenizerError> {
+    let mut seen: HashMap<&'a str, usize> = HashMap::new();
+    let mut out = Vec::with_capacity(tokens.len());
     for (id, tok) in tokens.iter().enumerate() {
         if is_pad_placeholder(id, tok) {
             continue;
@@ -408,6 +407,17 @@ fn byte_level_bpe(keys: &Keys, tokens: &[TokenEntry], family: &PreFamily) -> Res
             let msg = format!("token {:?} appears at ids {prev} and {id}", tok.text);
             return Err(keys.error(KEY_TOKENS, msg));
         }
+        out.push((id, tok));
+    }
+    Ok(out)
+}
+
+/// A byte-level BPE tokenizer.json (GPT-2 style, as Qwen, Llama 3, DeepSeek and GLM use).
+fn byte_level_bpe(keys: &Keys, tokens: &[TokenEntry], family: &PreFamily) -> Result<Json, TokenizerError> {
+    let mut vocab = Map::new();
+    let mut added_ids: HashMap<&str, usize> = HashMap::new();
+    let mut added = Vec::new();
+    for (id, tok) in vocab_entries(keys, tokens)? {
         match tok.kind {
             TYPE_CONTROL | TYPE_USER_DEFINED => {
                 added_ids.insert(tok.text, id);

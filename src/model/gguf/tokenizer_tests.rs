@@ -233,6 +233,15 @@ fn errors_name_the_key_and_file() {
     let msg = config_error(&meta).1;
     assert!(msg.contains("`bert` is not supported") && msg.contains("gpt2, llama"), "{msg}");
 
+    // A text at two ids (either vocabulary model would keep one of them).
+    let mut meta = fixture_meta();
+    if let Some(MetaValue::Array(tokens)) = meta.get_mut(KEY_TOKENS) {
+        tokens[5] = tokens[4].clone();
+    }
+    let (field, msg) = config_error(&meta);
+    assert_eq!(field, KEY_TOKENS);
+    assert!(msg.contains("appears at ids 4 and 5"), "{msg}");
+
     let mut meta = fixture_meta();
     meta.insert(KEY_EOS.into(), MetaValue::U32(999_999));
     let (field, msg) = config_error(&meta);
