@@ -77,9 +77,14 @@ fn main() {
     quant_kernel_rate_single_thread();
 }
 
-/// Whether `FT_BENCH_DTYPES` (comma-separated names; unset = all) asks for `dtype`.
-fn selected(dtype: DType) -> bool {
-    std::env::var("FT_BENCH_DTYPES").map_or(true, |v| v.split(',').any(|n| n.trim() == dtype.name()))
+/// The plain dtypes and every block-quantized one, as far as `FT_BENCH_DTYPES`
+/// (comma-separated names; unset = all) asks for them.
+fn dtypes() -> impl Iterator<Item = DType> {
+    let wanted = std::env::var("FT_BENCH_DTYPES").ok();
+    [DType::F32, DType::F16, DType::BF16]
+        .into_iter()
+        .chain(DType::QUANTIZED)
+        .filter(move |d| wanted.as_deref().is_none_or(|v| v.split(',').any(|n| n.trim() == d.name())))
 }
 
 /// Part 1 of the module docs.
@@ -130,24 +135,9 @@ fn throughput(b: &CpuBackend, threads: Option<usize>, quant_dot: QuantDot) {
         "{:>6} | {:>22} | {:>22} | {:>22} | {:>22}",
         "", "µs  GB/s  %bw", "µs  GB/s  %bw", "µs/exp GB/s %bw", "µs/exp GB/s %bw"
     );
-    for dtype in [
-        DType::F32,
-        DType::F16,
-        DType::BF16,
-        DType::Q8_0,
-        DType::Q4_0,
-        DType::Q4K,
-        DType::Q5K,
-        DType::Q6K,
-        DType::Mxfp4,
-        DType::Nvfp4,
-        DType::F8E4M3,
-    ] {
+    for dtype in dtypes() {
         if quant_dot == QuantDot::Int8 && (!dtype.is_quantized() || dtype == DType::F8E4M3) {
             continue; // no int8 kernel: the exact table's row
-        }
-        if !selected(dtype) {
-            continue;
         }
         // gate/up: [768, 2048]; down: [2048, 768] (the same values, reshaped).
         let shapes = [(hidden, width), (hidden, width), (width, hidden)];
@@ -230,22 +220,7 @@ fn quant_kernel_rate_single_thread() {
     let mut out = vec![0f32; 64 * m];
     let pool = rayon::ThreadPoolBuilder::new().num_threads(1).build().expect("pool");
     println!("1 thread, k={k} × {m} rows, warm: GFLOP/s (GB/s of weights) per token count");
-    for dtype in [
-        DType::F32,
-        DType::F16,
-        DType::BF16,
-        DType::Q8_0,
-        DType::Q4_0,
-        DType::Q4K,
-        DType::Q5K,
-        DType::Q6K,
-        DType::Mxfp4,
-        DType::Nvfp4,
-        DType::F8E4M3,
-    ] {
-        if !selected(dtype) {
-            continue;
-        }
+    for dtype in dtypes() {
         let w = ft_backend::quant::quantize_matrix(dtype, &vals, m, k);
         let mut line = format!("{:>6}:", dtype.name());
         for dot in [QuantDot::Exact, QuantDot::Int8] {
