@@ -243,6 +243,19 @@ fn missing_tokenizer_is_named_when_text_is_given() {
 }
 
 #[test]
+fn a_tokenizer_that_does_not_parse_is_named_not_called_missing() {
+    let s = Scratch::of("mixtral", "badtok");
+    std::fs::write(s.0.join("tokenizer.json"), "{\"model\": {\"type\": \"BPE\", \"vocab\": 7}}").unwrap();
+    // Even a run on token ids refuses: a tokenizer that is there but broken is not an absent one.
+    for args in [&["generate", "--model", s.path(), "--prompt", "hi"][..], &["generate", "--model", s.path(), "--prompt-ids", "1,2"]] {
+        let o = ft(args);
+        assert_clean_error(&o, &["tokenizer.json", "malformed"]);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!err.contains("has no tokenizer"), "{err}");
+    }
+}
+
+#[test]
 fn unavailable_backend_is_one_clear_error() {
     let dir = fixture("mixtral").join("checkpoint");
     // Linux has no Metal adapter, so asking wgpu for one is an unavailable backend here even

@@ -1,6 +1,19 @@
 //! The cache manager actor: the one owner of the expert slot table.
 
-use crate::policy::{CacheStats, ExpertCache, ExpertKey, Lease};
+use crate::policy::{CacheError, CacheStats, ExpertCache, ExpertKey, Lease};
+
+/// What [`CacheMsg::Stats`] answers.
+#[derive(Clone, Debug, Default)]
+pub struct CacheOccupancy {
+    /// Counters.
+    pub stats: CacheStats,
+    /// Slots.
+    pub capacity: u64,
+    /// Slots holding an expert.
+    pub used: u64,
+    /// Slots pinned by a lease.
+    pub leased: u64,
+}
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 
 /// Messages of the cache manager.
@@ -12,9 +25,9 @@ pub enum CacheMsg {
     /// Forgets a key whose transfer failed.
     Remove { key: ExpertKey },
     /// Changes the capacity; returns the keys vacated.
-    Resize { slots: u64, reply: RpcReplyPort<Result<Vec<ExpertKey>, String>> },
-    /// Counters, capacity and occupancy.
-    Stats { reply: RpcReplyPort<(CacheStats, u64, u64)> },
+    Resize { slots: u64, reply: RpcReplyPort<Result<Vec<ExpertKey>, CacheError>> },
+    /// Counters and occupancy.
+    Stats { reply: RpcReplyPort<CacheOccupancy> },
     /// Resets the counters.
     ResetStats,
 }
@@ -42,13 +55,20 @@ impl Actor for CacheManager {
                 let _ = reply.send(out);
             }
             CacheMsg::Remove { key } => {
-                let _ = cache.remove(key);
+                if let Err(e) = cache.remove(key) {
+                    tracing::error!("expert {key:?} could not be dropped from the cache: {e}");
+                }
             }
             CacheMsg::Resize { slots, reply } => {
-                let _ = reply.send(cache.resize(slots as usize).map_err(|e| e.to_string()));
+                let _ = reply.send(cache.resize(slots as usize));
             }
             CacheMsg::Stats { reply } => {
-                let _ = reply.send((cache.stats(), cache.capacity() as u64, cache.len() as u64));
+                let _ = reply.send(CacheOccupancy {
+                    stats: cache.stats(),
+                    capacity: cache.capacity() as u64,
+                    used: cache.len() as u64,
+                    leased: cache.leased() as u64,
+                });
             }
             CacheMsg::ResetStats => cache.reset_stats(),
         }

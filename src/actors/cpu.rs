@@ -1,10 +1,12 @@
 //! The CPU executors: a thread pool that computes experts straight from the host pool (the
 //! memory-mapped checkpoint), so cache misses need no transfer at all.
 
+use super::faults::{FaultInjector, FaultKind};
 use super::HostExperts;
+use crate::model::fault::PipelineFault;
 use crate::model::weights::{ExpertWeights, HostMatrix};
 use crate::policy::ExpertKey;
-use ft_backend::BinaryOp;
+use ft_backend::{BackendError, BinaryOp};
 use ft_backend_cpu::kernels::{self, QuantDot, SimdLevel};
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use rayon::ThreadPool;
@@ -38,7 +40,7 @@ pub struct CpuJob {
 pub enum CpuMsg {
     /// Compute every job of one layer (one message per layer and step, not per expert);
     /// the outputs come back in job order.
-    Run { jobs: Vec<CpuJob>, sent: Instant, reply: RpcReplyPort<Result<Vec<CpuDone>, String>> },
+    Run { jobs: Vec<CpuJob>, sent: Instant, reply: RpcReplyPort<Result<Vec<CpuDone>, PipelineFault>> },
 }
 
 /// What the executors hold.
@@ -48,23 +50,24 @@ pub struct CpuState {
     dot: QuantDot,
     act: BinaryOp,
     host: HostExperts,
+    faults: Arc<FaultInjector>,
 }
 
 /// The CPU executor pool actor.
 pub struct CpuExecutors;
 
-fn mat(pool: &ThreadPool, level: SimdLevel, dot: QuantDot, x: &[f32], n: usize, m: &HostMatrix) -> Result<Vec<f32>, String> {
+fn mat(pool: &ThreadPool, level: SimdLevel, dot: QuantDot, x: &[f32], n: usize, m: &HostMatrix) -> Result<Vec<f32>, BackendError> {
     let mut out = vec![0f32; n * m.rows];
     crate::model::reads::add(m.bytes.len());
-    kernels::matmul(pool, level, dot, x, n, m.cols, m.bytes.as_slice(), m.dtype, m.rows, &mut out).map_err(|e| e.to_string())?;
+    kernels::matmul(pool, level, dot, x, n, m.cols, m.bytes.as_slice(), m.dtype, m.rows, &mut out)?;
     Ok(out)
 }
 
 /// Adds a `[cols]` f32 bias (host bytes) to every row of `y`.
-fn add_bias(y: &mut [f32], bias: &ft_backend::HostBytes, cols: usize) -> Result<(), String> {
-    let b = ft_backend::dtype::to_f32_vec(bias.as_slice(), ft_backend::DType::F32).map_err(|e| e.to_string())?;
+fn add_bias(y: &mut [f32], bias: &ft_backend::HostBytes, cols: usize) -> Result<(), BackendError> {
+    let b = ft_backend::dtype::to_f32_vec(bias.as_slice(), ft_backend::DType::F32)?;
     if b.len() != cols {
-        return Err(format!("expert bias has {} values, expected {cols}", b.len()));
+        return Err(BackendError::Shape(format!("expert bias has {} values, expected {cols}", b.len())));
     }
     y.chunks_exact_mut(cols).for_each(|row| row.iter_mut().zip(&b).for_each(|(v, b)| *v += b));
     Ok(())
@@ -80,14 +83,14 @@ pub fn expert_on_cpu(
     w: &ExpertWeights,
     xs: &[f32],
     n: usize,
-) -> Result<Vec<f32>, String> {
+) -> Result<Vec<f32>, BackendError> {
     let mut g = mat(pool, level, dot, xs, n, &w.gate)?;
     let mut u = mat(pool, level, dot, xs, n, &w.up)?;
     if let Some(b) = &w.biases {
         add_bias(&mut g, &b.gate, w.gate.rows)?;
         add_bias(&mut u, &b.up, w.up.rows)?;
     }
-    kernels::binary(level, act, &mut g, &u).map_err(|e| e.to_string())?;
+    kernels::binary(level, act, &mut g, &u)?;
     let mut y = mat(pool, level, dot, &g, n, &w.down)?;
     if let Some(b) = &w.biases {
         add_bias(&mut y, &b.down, w.down.rows)?;
@@ -99,29 +102,34 @@ impl Actor for CpuExecutors {
     type Msg = CpuMsg;
     type State = CpuState;
     /// The worker pool (the engine's, shared with a CPU backend), the decode products' mode,
-    /// the experts' activation and the host pool.
-    type Arguments = (Arc<rayon::ThreadPool>, QuantDot, BinaryOp, HostExperts);
+    /// the experts' activation, the host pool and the armed faults.
+    type Arguments = (Arc<rayon::ThreadPool>, QuantDot, BinaryOp, HostExperts, Arc<FaultInjector>);
 
-    async fn pre_start(&self, _me: ActorRef<CpuMsg>, (pool, dot, act, host): Self::Arguments) -> Result<CpuState, ActorProcessingErr> {
-        Ok(CpuState { pool, level: SimdLevel::Auto.effective(), dot, act, host })
+    async fn pre_start(&self, _me: ActorRef<CpuMsg>, (pool, dot, act, host, faults): Self::Arguments) -> Result<CpuState, ActorProcessingErr> {
+        Ok(CpuState { pool, level: SimdLevel::Auto.effective(), dot, act, host, faults })
     }
 
     async fn handle(&self, _me: ActorRef<CpuMsg>, msg: CpuMsg, st: &mut CpuState) -> Result<(), ActorProcessingErr> {
         let CpuMsg::Run { jobs, sent, reply } = msg;
         let delivered = Instant::now();
-        let (pool, level, dot, act, host) = (st.pool.clone(), st.level, st.dot, st.act, st.host.clone());
+        let (pool, level, dot, act, host, faults) = (st.pool.clone(), st.level, st.dot, st.act, st.host.clone(), st.faults.clone());
         st.pool.spawn(move || {
             use rayon::prelude::*;
             // Experts run side by side; each one's matmuls also split rows over the pool.
-            let r: Result<Vec<CpuDone>, String> = jobs
+            let r: Result<Vec<CpuDone>, PipelineFault> = jobs
                 .par_iter()
                 .map(|job| {
                     let start = Instant::now();
+                    let (layer, expert) = (job.key.layer as usize, job.key.expert);
                     let w = host
-                        .get(job.key.layer as usize)
-                        .and_then(|l| l.get(job.key.expert as usize))
-                        .ok_or_else(|| format!("no expert {:?} in the host pool", job.key))?;
-                    let y = expert_on_cpu(&pool, level, dot, act, w, &job.xs, job.n)?;
+                        .get(layer)
+                        .and_then(|l| l.get(expert as usize))
+                        .ok_or_else(|| PipelineFault::Internal(format!("no expert {:?} in the host pool", job.key)))?;
+                    let kernel_err = |source| PipelineFault::Cpu { layer, expert, source };
+                    if faults.take(FaultKind::Cpu) {
+                        return Err(kernel_err(BackendError::Device("injected kernel fault".into())));
+                    }
+                    let y = expert_on_cpu(&pool, level, dot, act, w, &job.xs, job.n).map_err(kernel_err)?;
                     Ok(CpuDone { y, secs: start.elapsed().as_secs_f64(), queued_s: (delivered - sent).as_secs_f64(), bytes: w.size_bytes() as u64 })
                 })
                 .collect();

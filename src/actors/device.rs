@@ -4,7 +4,12 @@
 
 use super::cache::CacheMsg;
 use super::pipeline::{PipelineExperts, PipelineLinks, RunStats, StreamingExperts};
+use super::router::RouterMsg;
 use super::blocking_reply;
+use crate::model::fault::PipelineFault;
+use crate::model::ModelError;
+use crate::policy::{CacheError, MoeMode};
+use ft_backend::BackendError;
 use crate::engine::{EngineStats, LayerStats, PrefillMode};
 use crate::kv::reuse::PrefixStore;
 use crate::kv::SequenceState;
@@ -43,17 +48,47 @@ pub struct StepOutput {
 pub enum DeviceMsg {
     /// Run a step of `seq`: the prompt (first step, with `spec`) or the last sampled token
     /// (`tokens` empty); sample the next token.
-    Step { seq: u64, spec: Option<SeqSpec>, tokens: Vec<u32>, reply: RpcReplyPort<Result<StepOutput, String>> },
+    Step { seq: u64, spec: Option<SeqSpec>, tokens: Vec<u32>, reply: RpcReplyPort<Result<StepOutput, ModelError>> },
     /// Full-sequence logits of a prompt on a scratch sequence.
-    FullLogits { prompt: Vec<u32>, reply: RpcReplyPort<Result<Vec<f32>, String>> },
+    FullLogits { prompt: Vec<u32>, reply: RpcReplyPort<Result<Vec<f32>, ModelError>> },
     /// Free a sequence's state.
     DropSeq { seq: u64 },
     /// Change the expert cache capacity (the driver sends it between steps).
-    Resize { slots: u64, reply: RpcReplyPort<Result<u64, String>> },
+    Resize { slots: u64, reply: RpcReplyPort<Result<u64, ResizeError>> },
     /// Counters.
     Stats { reply: RpcReplyPort<EngineStats> },
     /// Reset counters.
     ResetStats,
+}
+
+/// Why the expert cache was not resized (the cache is then as it was).
+#[derive(Debug, thiserror::Error)]
+pub enum ResizeError {
+    /// More slots than the memory budget holds.
+    #[error("{requested} expert cache slots need {need_gib:.2} GiB, but the memory budget has room for {max} slots; ask for {max} or fewer")]
+    OverBudget {
+        /// Slots asked for.
+        requested: u64,
+        /// Their size in GiB.
+        need_gib: f64,
+        /// The most the budget holds.
+        max: u64,
+    },
+    /// The device could not allocate the new slots.
+    #[error("allocating {requested} expert cache slots failed: {source}")]
+    Alloc {
+        /// Slots asked for.
+        requested: u64,
+        /// What the backend said.
+        #[source]
+        source: BackendError,
+    },
+    /// The slot table refused (a slot still leased).
+    #[error(transparent)]
+    Cache(#[from] CacheError),
+    /// An actor stopped.
+    #[error(transparent)]
+    Pipeline(#[from] PipelineFault),
 }
 
 /// What the device stream needs.
@@ -64,8 +99,12 @@ pub struct DeviceArgs {
     pub links: PipelineLinks,
     /// The cache manager (for resizes and stats).
     pub cache: ActorRef<CacheMsg>,
-    /// Miss policy (to choose the prefill path).
+    /// Miss policy in effect (to choose the prefill path); resizes change it.
     pub mode: ResolvedMode,
+    /// The miss policy asked for, resolved again after each resize.
+    pub moe: MoeMode,
+    /// The most expert cache slots the memory budget holds (resizes stop there).
+    pub max_cache_slots: u64,
     /// Prefill choice.
     pub prefill: PrefillMode,
     /// Bandwidths for the planner: (b_p, b_h).
@@ -78,6 +117,10 @@ pub struct DeviceArgs {
 
 /// The device stream actor.
 pub struct DeviceStream;
+
+fn unknown_seq() -> ModelError {
+    ModelError::Invalid("unknown sequence".into())
+}
 
 /// The actor's state: the channel to its worker.
 pub struct DeviceState {
@@ -101,6 +144,8 @@ struct Worker {
     run: RunStats,
     dev: EngineStats,
     moe_layers: Vec<usize>,
+    /// Why the mode in effect was chosen.
+    mode_why: &'static str,
 }
 
 impl Worker {
@@ -141,10 +186,10 @@ impl Worker {
         }
     }
 
-    fn forward(&mut self, seq: u64, tokens: &[u32], logits: Logits) -> Result<Vec<f32>, String> {
+    fn forward(&mut self, seq: u64, tokens: &[u32], logits: Logits) -> Result<Vec<f32>, ModelError> {
         let streaming = self.use_streaming(tokens.len());
         let model = self.args.model.clone();
-        let s = self.seqs.get_mut(&seq).ok_or("unknown sequence")?;
+        let s = self.seqs.get_mut(&seq).ok_or_else(unknown_seq)?;
         let first_moe_layer = self.moe_layers.first().copied().unwrap_or(0);
         let r = if streaming {
             let mut runner = StreamingExperts::new(&self.args.links, &mut self.run, self.moe_layers.clone());
@@ -153,10 +198,10 @@ impl Worker {
             let mut runner = PipelineExperts { links: &self.args.links, stats: &mut self.run, first_moe_layer };
             model.forward_with(&mut s.state, tokens, logits, None, &mut runner)
         };
-        r.map_err(|e| e.to_string())
+        r
     }
 
-    fn step(&mut self, seq: u64, spec: Option<SeqSpec>, tokens: Vec<u32>) -> Result<StepOutput, String> {
+    fn step(&mut self, seq: u64, spec: Option<SeqSpec>, tokens: Vec<u32>) -> Result<StepOutput, ModelError> {
         let r = self.step_inner(seq, spec, tokens);
         if r.is_err() {
             if let Some(s) = self.seqs.get_mut(&seq) {
@@ -166,22 +211,22 @@ impl Worker {
         r
     }
 
-    fn step_inner(&mut self, seq: u64, spec: Option<SeqSpec>, tokens: Vec<u32>) -> Result<StepOutput, String> {
+    fn step_inner(&mut self, seq: u64, spec: Option<SeqSpec>, tokens: Vec<u32>) -> Result<StepOutput, ModelError> {
         let mut cached = 0;
         if let Some(spec) = spec {
-            let mut state = SequenceState::new(&self.args.model, spec.capacity).map_err(|e| e.to_string())?;
+            let mut state = SequenceState::new(&self.args.model, spec.capacity)?;
             cached = self.args.reuse.restore(&tokens, &mut state);
-            let sampler = Sampler::new(spec.sampling).map_err(|e| e.to_string())?;
+            let sampler = Sampler::new(spec.sampling).map_err(|e| ModelError::Invalid(e.to_string()))?;
             let s = Seq { state, sampler, history: vec![], return_logits: spec.return_logits, last_anchor: cached, broken: false };
             self.seqs.insert(seq, s);
         }
-        let s = self.seqs.get_mut(&seq).ok_or("unknown sequence")?;
+        let s = self.seqs.get_mut(&seq).ok_or_else(unknown_seq)?;
         let prompt = !tokens.is_empty();
         let tokens = if prompt {
             s.history.extend(&tokens);
             tokens
         } else {
-            vec![*s.history.last().ok_or("no token to continue from")?]
+            vec![*s.history.last().ok_or_else(|| ModelError::Invalid("no token to continue from".into()))?]
         };
         let start = Instant::now();
         let messaging_before = self.run.messaging_s;
@@ -195,19 +240,19 @@ impl Worker {
             self.dev.decode_weight_bytes += crate::model::reads::total() - read_before;
             self.dev.actor_overhead_s += self.run.messaging_s - messaging_before;
             self.dev.decode_expert_s += self.run.expert_phase_s - phase_before;
-            let s = self.seqs.get_mut(&seq).ok_or("unknown sequence")?;
+            let s = self.seqs.get_mut(&seq).ok_or_else(unknown_seq)?;
             if self.args.reuse.anchor_after_decode(tokens[0], s.state.len(), s.last_anchor) {
                 self.save_anchor(seq);
             }
         }
-        let s = self.seqs.get_mut(&seq).ok_or("unknown sequence")?;
+        let s = self.seqs.get_mut(&seq).ok_or_else(unknown_seq)?;
         let token = s.sampler.sample(&logits, &s.history);
         s.history.push(token);
         Ok(StepOutput { token, logits: s.return_logits.then_some(logits), cached })
     }
 
     /// Runs a prompt from `cached` on, pausing where anchors are to be recorded.
-    fn prefill(&mut self, seq: u64, prompt: &[u32], cached: usize) -> Result<Vec<f32>, String> {
+    fn prefill(&mut self, seq: u64, prompt: &[u32], cached: usize) -> Result<Vec<f32>, ModelError> {
         let mut at = cached;
         for stop in self.args.reuse.prefill_stops(prompt, cached) {
             self.forward(seq, &prompt[at..stop], Logits::None)?;
@@ -243,11 +288,39 @@ impl Worker {
         }
     }
 
-    fn resize(&mut self, slots: u64) -> Result<u64, String> {
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        self.args.cache.cast(CacheMsg::Resize { slots, reply: tx.into() }).map_err(|e| e.to_string())?;
-        blocking_reply(rx, "cache manager")??;
-        self.args.links.pool.resize(slots as usize).map_err(|e| e.to_string())?;
+    /// Changes the cache capacity between steps: bounded by the budget, new slots allocated
+    /// before the slot table may hand them out, everything as it was if any part fails, and
+    /// the miss policy resolved again (slots make fetching possible, none make it impossible).
+    fn resize(&mut self, slots: u64) -> Result<u64, ResizeError> {
+        let pool = self.args.links.pool.clone();
+        let old = pool.len() as u64;
+        if slots > self.args.max_cache_slots && slots > old {
+            let need_gib = (slots * pool.shape().bytes()) as f64 / (1u64 << 30) as f64;
+            return Err(ResizeError::OverBudget { requested: slots, need_gib, max: self.args.max_cache_slots.max(old) });
+        }
+        let table = |slots| -> Result<(), ResizeError> {
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            self.args.cache.cast(CacheMsg::Resize { slots, reply: tx.into() }).map_err(|_| PipelineFault::Stopped("cache manager"))?;
+            blocking_reply(rx, "cache manager")??;
+            Ok(())
+        };
+        if slots >= old {
+            pool.resize(slots as usize).map_err(|source| ResizeError::Alloc { requested: slots, source })?;
+            if let Err(e) = table(slots) {
+                let _ = pool.resize(old as usize);
+                return Err(e);
+            }
+        } else {
+            table(slots)?;
+            pool.resize(slots as usize).map_err(|source| ResizeError::Alloc { requested: slots, source })?;
+        }
+        let (mode, why) = self.args.moe.resolve_explained(self.args.bandwidths.0, self.args.bandwidths.1, slots as usize);
+        if mode != self.args.mode {
+            tracing::info!("expert cache resized to {slots} slots: MoE mode {:?} → {mode:?} ({why})", self.args.mode);
+            self.args.links.router.cast(RouterMsg::SetMode(mode)).map_err(|_| PipelineFault::Stopped("router"))?;
+            self.args.mode = mode;
+        }
+        self.mode_why = why;
         Ok(slots)
     }
 
@@ -263,12 +336,15 @@ impl Worker {
         d.layers = layers;
         let (tx, rx) = tokio::sync::oneshot::channel();
         if self.args.cache.cast(CacheMsg::Stats { reply: tx.into() }).is_ok() {
-            if let Ok((c, cap, used)) = blocking_reply(rx, "cache manager") {
-                d.cache = c;
-                d.cache_slots = cap;
-                d.cache_used = used;
+            if let Ok(c) = blocking_reply(rx, "cache manager") {
+                d.cache = c.stats;
+                d.cache_slots = c.capacity;
+                d.cache_used = c.used;
+                d.cache_leased = c.leased;
             }
         }
+        d.moe_mode = format!("{} → {:?} ({})", self.args.moe, self.args.mode, self.mode_why);
+        d.sequences = self.seqs.len();
         d
     }
 
@@ -281,8 +357,8 @@ impl Worker {
                 DeviceMsg::FullLogits { prompt, reply } => {
                     let r = (|| {
                         const SCRATCH: u64 = u64::MAX;
-                        let state = SequenceState::new(&self.args.model, prompt.len()).map_err(|e| e.to_string())?;
-                        let sampler = Sampler::new(SamplingParams::greedy()).map_err(|e| e.to_string())?;
+                        let state = SequenceState::new(&self.args.model, prompt.len())?;
+                        let sampler = Sampler::new(SamplingParams::greedy()).map_err(|e| ModelError::Invalid(e.to_string()))?;
                         let s = Seq { state, sampler, history: vec![], return_logits: false, last_anchor: 0, broken: false };
                         self.seqs.insert(SCRATCH, s);
                         let r = self.forward(SCRATCH, &prompt, Logits::All);
@@ -319,7 +395,8 @@ impl Actor for DeviceStream {
 
     async fn pre_start(&self, _me: ActorRef<DeviceMsg>, args: DeviceArgs) -> Result<DeviceState, ActorProcessingErr> {
         let moe_layers = (0..args.model.config().num_layers).filter(|l| args.model.config().moe_layers[*l]).collect();
-        let worker = Worker { args, seqs: HashMap::new(), run: RunStats::default(), dev: EngineStats::default(), moe_layers };
+        let (_, mode_why) = args.moe.resolve_explained(args.bandwidths.0, args.bandwidths.1, args.links.pool.len());
+        let worker = Worker { args, seqs: HashMap::new(), run: RunStats::default(), dev: EngineStats::default(), moe_layers, mode_why };
         let (tx, rx) = mpsc::channel();
         std::thread::Builder::new().name("ft-device-stream".into()).spawn(move || worker.run(rx))?;
         Ok(DeviceState { jobs: tx })

@@ -13,6 +13,7 @@
 pub mod cache;
 pub mod cpu;
 pub mod device;
+pub mod faults;
 pub mod pipeline;
 pub mod router;
 pub mod slots;
@@ -26,6 +27,6 @@ use crate::model::weights::ExpertWeights;
 pub type HostExperts = Arc<Vec<Vec<ExpertWeights>>>;
 
 /// Waits for a reply sent through a `RpcReplyPort` from a worker thread (not the runtime).
-pub(crate) fn blocking_reply<T>(rx: tokio::sync::oneshot::Receiver<T>, what: &str) -> Result<T, String> {
-    rx.blocking_recv().map_err(|_| format!("{what}: the actor stopped before replying"))
+pub(crate) fn blocking_reply<T>(rx: tokio::sync::oneshot::Receiver<T>, what: &'static str) -> Result<T, crate::model::fault::PipelineFault> {
+    rx.blocking_recv().map_err(|_| crate::model::fault::PipelineFault::Stopped(what))
 }

@@ -8,6 +8,7 @@
 //! Streaming path (prefill): the whole next MoE layer is copied into the other layer buffer
 //! while this one computes.
 
+use super::cache::CacheMsg;
 use super::cpu::{CpuDone, CpuJob, CpuMsg};
 use super::router::{LayerPlan, RouterMsg};
 use super::slots::SlotPool;
@@ -15,10 +16,11 @@ use super::transfer::{Copied, TransferMsg};
 use super::blocking_reply;
 use crate::engine::LayerStats;
 use crate::model::forward::{download_f32, expert_forward_with, ExpertBuffers, ExpertExtras, ExpertRunner};
+use crate::model::fault::PipelineFault;
 use crate::model::weights::ExpertWeights;
 use crate::model::routing::Routing;
 use crate::model::{Model, ModelError};
-use crate::policy::ExpertKey;
+use crate::policy::{ExpertKey, Lease, SlotId};
 use ft_backend::{Backend, BufferUsage, DType, DeviceBuffer, StreamId};
 use ractor::ActorRef;
 use std::collections::HashMap;
@@ -35,6 +37,8 @@ pub struct PipelineLinks {
     pub transfer: ActorRef<TransferMsg>,
     /// The CPU executors.
     pub cpu: ActorRef<CpuMsg>,
+    /// The cache manager (told to forget experts whose copy failed).
+    pub cache: ActorRef<CacheMsg>,
     /// Expert device memory.
     pub pool: Arc<SlotPool>,
 }
@@ -52,7 +56,51 @@ pub struct RunStats {
 }
 
 fn err(e: impl std::fmt::Display) -> ModelError {
-    ModelError::Invalid(format!("expert pipeline: {e}"))
+    ModelError::Pipeline(PipelineFault::Internal(e.to_string()))
+}
+
+type CopyReply = oneshot::Receiver<Result<Copied, PipelineFault>>;
+
+/// The fetches of one layer in flight. Whatever way the layer ends, every copy is waited for
+/// before its slot's lease is released (so no copy lands in a slot that was handed on), and
+/// the cache forgets every expert whose copy failed (its slot holds garbage).
+struct InFlight<'a> {
+    cache: &'a ActorRef<CacheMsg>,
+    layer: u16,
+    pending: std::collections::VecDeque<(u32, Lease, CopyReply)>,
+    failed: Vec<ExpertKey>,
+}
+
+impl InFlight<'_> {
+    /// The next copy to land: its expert, slot and outcome (the lease stays held until drop).
+    fn next(&mut self, held: &mut Vec<Lease>) -> Option<(u32, SlotId, Result<Copied, ModelError>)> {
+        let (e, lease, rx) = self.pending.pop_front()?;
+        let slot = lease.slot();
+        held.push(lease);
+        let r = match blocking_reply(rx, "transfer engine") {
+            Ok(Ok(c)) => Ok(c),
+            Ok(Err(f)) | Err(f) => {
+                self.failed.push(ExpertKey::new(self.layer, e));
+                Err(ModelError::Pipeline(f))
+            }
+        };
+        Some((e, slot, r))
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        for (e, lease, rx) in self.pending.drain(..) {
+            if !matches!(rx.blocking_recv(), Ok(Ok(_))) {
+                self.failed.push(ExpertKey::new(self.layer, e));
+            }
+            drop(lease);
+        }
+        for key in self.failed.drain(..) {
+            tracing::warn!("expert {} of layer {} dropped from the cache after a failed copy", key.expert, key.layer);
+            let _ = self.cache.cast(CacheMsg::Remove { key });
+        }
+    }
 }
 
 fn scratch(be: &dyn Backend, len: usize) -> Result<DeviceBuffer, ModelError> {
@@ -114,7 +162,7 @@ impl PipelineExperts<'_> {
             .router
             .cast(RouterMsg::Plan { layer: layer as u16, experts, new_step: layer == self.first_moe_layer, reply: tx.into() })
             .map_err(err)?;
-        let plan: LayerPlan = blocking_reply(rx, "router").map_err(err)?;
+        let plan: LayerPlan = blocking_reply(rx, "router")?;
         self.stats.messaging_s += t0.elapsed().as_secs_f64();
         let mut st = LayerStats { hits: plan.hits.len() as u64, misses: (plan.fetch.len() + plan.cpu.len()) as u64, ..Default::default() };
 
@@ -135,27 +183,31 @@ impl PipelineExperts<'_> {
             self.links.cpu.cast(CpuMsg::Run { jobs, sent: Instant::now(), reply: tx.into() }).map_err(err)?;
             cpu_reply = Some(rx);
         }
-        let mut fetches = vec![];
-        for (e, lease) in &plan.fetch {
+        let LayerPlan { hits, fetch, cpu } = plan;
+        let mut fetches = InFlight { cache: &self.links.cache, layer: layer as u16, pending: Default::default(), failed: vec![] };
+        for (e, lease) in fetch {
             let (tx, rx) = oneshot::channel();
-            let key = ExpertKey::new(layer as u16, *e);
+            let key = ExpertKey::new(layer as u16, e);
             self.links
                 .transfer
                 .cast(TransferMsg::Fetch { key, slot: lease.slot(), sent: Instant::now(), reply: tx.into() })
                 .map_err(err)?;
-            fetches.push((*e, lease.slot(), rx));
+            fetches.pending.push_back((e, lease, rx));
         }
         let t_dev = Instant::now();
-        for (e, lease) in &plan.hits {
+        for (e, lease) in &hits {
             let (_, rows, weights) = &groups[by_id[e]];
             let slot = self.links.pool.slot(lease.slot()).ok_or_else(|| err("leased slot missing"))?;
             let bufs = slot.lock().map_err(|_| err("slot lock poisoned"))?;
             device_expert(model, &bufs, &host[*e as usize], h, rows, weights, out)?;
         }
         st.device_s += t_dev.elapsed().as_secs_f64();
-        for (e, slot_id, rx) in fetches {
+        // Leases of landed copies are held (here, then by `fetches`) until the layer is done.
+        let mut landed = vec![];
+        loop {
             let t_wait = Instant::now();
-            let copied: Copied = blocking_reply(rx, "transfer engine").map_err(err)?.map_err(err)?;
+            let Some((e, slot_id, copied)) = fetches.next(&mut landed) else { break };
+            let copied = copied?;
             st.fetch_wait_s += t_wait.elapsed().as_secs_f64();
             self.stats.messaging_s += copied.queued_s;
             st.fetched += 1;
@@ -167,10 +219,12 @@ impl PipelineExperts<'_> {
             device_expert(model, &bufs, &host[e as usize], h, rows, weights, out)?;
             st.device_s += t_dev.elapsed().as_secs_f64();
         }
+        drop(fetches);
+        drop(landed);
         if let Some(rx) = cpu_reply {
-            let done: Vec<CpuDone> = blocking_reply(rx, "CPU executors").map_err(err)?.map_err(err)?;
+            let done: Vec<CpuDone> = blocking_reply(rx, "CPU executors")??;
             self.stats.messaging_s += done.first().map_or(0.0, |d| d.queued_s);
-            for (e, d) in plan.cpu.iter().zip(done) {
+            for (e, d) in cpu.iter().zip(done) {
                 st.cpu_s += d.secs;
                 st.cpu_computed += 1;
                 let (_, rows, weights) = &groups[by_id[e]];
@@ -179,7 +233,7 @@ impl PipelineExperts<'_> {
                 be.scatter_add_rows(out, &y, rows, weights, hidden)?;
             }
         }
-        drop(plan);
+        drop(hits);
         self.stats.layers.entry(layer).or_default().add(&st);
         Ok(())
     }
@@ -194,7 +248,7 @@ pub struct StreamingExperts<'a> {
     pub stats: &'a mut RunStats,
     /// MoE layer indices in order.
     pub moe_layers: Vec<usize>,
-    pending: Option<(usize, usize, oneshot::Receiver<Result<Copied, String>>)>,
+    pending: Option<(usize, usize, CopyReply)>,
 }
 
 impl<'a> StreamingExperts<'a> {
@@ -203,7 +257,7 @@ impl<'a> StreamingExperts<'a> {
         Self { links, stats, moe_layers, pending: None }
     }
 
-    fn load(&mut self, layer: usize, buffer: usize) -> Result<(usize, usize, oneshot::Receiver<Result<Copied, String>>), ModelError> {
+    fn load(&mut self, layer: usize, buffer: usize) -> Result<(usize, usize, CopyReply), ModelError> {
         let (tx, rx) = oneshot::channel();
         self.links.transfer.cast(TransferMsg::LoadLayer { layer, buffer, sent: Instant::now(), reply: tx.into() }).map_err(err)?;
         Ok((layer, buffer, rx))
@@ -221,7 +275,7 @@ impl ExpertRunner for StreamingExperts<'_> {
         };
         let mut st = LayerStats::default();
         let t_wait = Instant::now();
-        let copied = blocking_reply(job.2, "transfer engine").map_err(err)?.map_err(err)?;
+        let copied = blocking_reply(job.2, "transfer engine")??;
         st.fetch_wait_s += t_wait.elapsed().as_secs_f64();
         st.bytes_moved += copied.bytes;
         self.stats.messaging_s += copied.queued_s;

@@ -2,6 +2,7 @@
 //! prefill. Shared by the device stream (reads) and the transfer engine (writes); the slot
 //! table in the cache manager decides who may touch which slot when.
 
+use super::faults::{FaultInjector, FaultKind};
 use crate::model::forward::ExpertBuffers;
 use crate::model::weights::ExpertWeights;
 use crate::policy::SlotId;
@@ -56,6 +57,7 @@ pub struct SlotPool {
     backend: Arc<dyn Backend>,
     shape: ExpertShape,
     slots: RwLock<Vec<Arc<Mutex<ExpertBuffers>>>>,
+    faults: Arc<FaultInjector>,
     /// The double buffers of streaming prefill (allocated on first use).
     pub layers: [Mutex<LayerBuffer>; 2],
 }
@@ -80,12 +82,13 @@ pub fn upload_expert(be: &dyn Backend, stream: StreamId, w: &ExpertWeights, dst:
 }
 
 impl SlotPool {
-    /// A pool of `slots` expert slots.
-    pub fn new(backend: Arc<dyn Backend>, shape: ExpertShape, slots: usize) -> Result<SlotPool, BackendError> {
+    /// A pool of `slots` expert slots; `faults` can make growing it fail (tests).
+    pub fn new(backend: Arc<dyn Backend>, shape: ExpertShape, slots: usize, faults: Arc<FaultInjector>) -> Result<SlotPool, BackendError> {
         let pool = SlotPool {
             backend,
             shape,
             slots: RwLock::new(vec![]),
+            faults,
             layers: [Mutex::new(LayerBuffer { layer: None, experts: vec![] }), Mutex::new(LayerBuffer { layer: None, experts: vec![] })],
         };
         pool.resize(slots)?;
@@ -118,14 +121,27 @@ impl SlotPool {
     }
 
     /// Grows (allocating) or shrinks (freeing the highest slots) to `n` slots. Callers vacate
-    /// the dropped slots in the slot table first.
+    /// the dropped slots in the slot table first. A growth that fails part-way frees what it
+    /// allocated: the pool is then as it was.
     pub fn resize(&self, n: usize) -> Result<(), BackendError> {
         let mut slots = self.slots.write().map_err(|_| BackendError::Device("slot pool lock poisoned".into()))?;
-        if n < slots.len() {
+        let old = slots.len();
+        if n < old {
             slots.truncate(n);
         }
         while slots.len() < n {
-            slots.push(Arc::new(Mutex::new(alloc_expert(self.backend.as_ref(), self.shape)?)));
+            let buffers = if self.faults.take(FaultKind::Alloc) {
+                Err(BackendError::OutOfMemory { requested: self.shape.bytes(), free: 0 })
+            } else {
+                alloc_expert(self.backend.as_ref(), self.shape)
+            };
+            match buffers {
+                Ok(b) => slots.push(Arc::new(Mutex::new(b))),
+                Err(e) => {
+                    slots.truncate(old);
+                    return Err(e);
+                }
+            }
         }
         Ok(())
     }

@@ -232,7 +232,7 @@ async fn one_run(engine: &EngineHandle, prompt: Vec<u32>, tokens: usize) -> Resu
                 }
             }
             GenEvent::Done(_) => break,
-            GenEvent::Error(e) => return Err(EngineError::Internal(e)),
+            GenEvent::Error(e) => return Err(e),
         }
     }
     let first = first.unwrap_or_default();

@@ -133,6 +133,11 @@ pub struct ConfigArgs {
     #[arg(long, value_name = "SECS")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub keepalive_secs: Option<u64>,
+    /// Serve POST /v1/debug/faults, which makes the next expert copies, CPU kernels or cache
+    /// allocations fail (robustness tests only).
+    #[arg(long, value_name = "BOOL")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fault_injection: Option<bool>,
 }
 
 impl ConfigArgs {

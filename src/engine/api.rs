@@ -156,7 +156,7 @@ pub enum GenEvent {
     /// The generation ended.
     Done(Completion),
     /// The generation failed; nothing follows.
-    Error(String),
+    Error(EngineError),
 }
 
 /// Summary of a finished generation.
@@ -177,7 +177,7 @@ pub struct Completion {
 }
 
 /// Why the engine refused or failed a call.
-#[derive(Debug, thiserror::Error)]
+#[derive(Clone, Debug, thiserror::Error)]
 pub enum EngineError {
     /// The request is invalid (empty prompt, bad sampling, too long).
     #[error("{0}")]
@@ -197,9 +197,37 @@ pub enum EngineError {
     /// The engine has stopped.
     #[error("the engine is not running")]
     Stopped,
+    /// The device ran out of memory for this request; others hold it, so a retry can work.
+    #[error("out of device memory: {0}")]
+    OutOfMemory(String),
+    /// The request conflicts with the engine's state or limits (e.g. a resize past the
+    /// memory budget); the message says what would work.
+    #[error("{0}")]
+    Conflict(String),
     /// An internal fault.
     #[error("engine fault: {0}")]
     Internal(String),
+}
+
+impl From<crate::model::ModelError> for EngineError {
+    fn from(e: crate::model::ModelError) -> Self {
+        if e.is_out_of_memory() {
+            EngineError::OutOfMemory(e.to_string())
+        } else {
+            EngineError::Internal(e.to_string())
+        }
+    }
+}
+
+impl From<crate::actors::device::ResizeError> for EngineError {
+    fn from(e: crate::actors::device::ResizeError) -> Self {
+        use crate::actors::device::ResizeError;
+        match &e {
+            ResizeError::OverBudget { .. } => EngineError::Conflict(e.to_string()),
+            ResizeError::Alloc { source, .. } if crate::model::fault::is_out_of_memory(source) => EngineError::OutOfMemory(e.to_string()),
+            _ => EngineError::Internal(e.to_string()),
+        }
+    }
 }
 
 /// Counters of one MoE layer (or all layers).
@@ -258,6 +286,12 @@ pub struct EngineStats {
     pub cache_slots: u64,
     /// Slots in use.
     pub cache_used: u64,
+    /// Slots pinned by a lease when the counters were read (0 between steps).
+    pub cache_leased: u64,
+    /// The MoE mode in effect and why (a resize can change it).
+    pub moe_mode: String,
+    /// Sequence states the device stream holds (running ones; 0 when idle).
+    pub sequences: usize,
     /// Forward steps run (prefill chunks and decode tokens).
     pub steps: u64,
     /// Decode steps (one token).

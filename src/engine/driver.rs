@@ -30,7 +30,7 @@ pub enum EngineMsg {
     /// Reset the counters.
     ResetStats { reply: RpcReplyPort<()> },
     /// A step the device stream finished.
-    StepDone { seq: SeqId, result: Result<StepOutput, String> },
+    StepDone { seq: SeqId, result: Result<StepOutput, EngineError> },
     /// A resize or logits job finished.
     ExclusiveDone,
 }
@@ -88,16 +88,16 @@ enum ExclusiveJob {
 }
 
 /// Calls the device stream and flattens its transport and job errors.
-async fn ask_device<T: Send + 'static>(
+async fn ask_device<T: Send + 'static, E: Into<EngineError> + Send + 'static>(
     device: &ActorRef<DeviceMsg>,
-    msg: impl FnOnce(RpcReplyPort<Result<T, String>>) -> DeviceMsg,
+    msg: impl FnOnce(RpcReplyPort<Result<T, E>>) -> DeviceMsg,
 ) -> Result<T, EngineError> {
     device
         .call(msg, None)
         .await
-        .map_err(|e| EngineError::Internal(e.to_string()))?
+        .map_err(|_| EngineError::Stopped)?
         .success_or(EngineError::Stopped)?
-        .map_err(EngineError::Internal)
+        .map_err(Into::into)
 }
 
 impl DriverState {
@@ -133,7 +133,7 @@ impl DriverState {
         }
     }
 
-    fn fail(&mut self, seq: Sequence, err: String) {
+    fn fail(&mut self, seq: Sequence, err: EngineError) {
         let _ = seq.events.send(GenEvent::Error(err));
         if seq.started {
             let _ = self.args.device.cast(DeviceMsg::DropSeq { seq: seq.id });
@@ -191,11 +191,7 @@ impl EngineDriver {
         let device = st.args.device.clone();
         let me = myself.clone();
         tokio::spawn(async move {
-            let result = match device.call(|reply| DeviceMsg::Step { seq: id, spec, tokens, reply }, None).await {
-                Ok(ractor::rpc::CallResult::Success(r)) => r,
-                Ok(_) => Err("device stream stopped".to_string()),
-                Err(e) => Err(e.to_string()),
-            };
+            let result = ask_device(&device, |reply| DeviceMsg::Step { seq: id, spec, tokens, reply }).await;
             let _ = me.cast(EngineMsg::StepDone { seq: id, result });
         });
     }

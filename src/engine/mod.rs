@@ -43,6 +43,7 @@ pub struct EngineHandle {
     driver: ActorRef<EngineMsg>,
     info: Arc<EngineInfo>,
     tokenizer: Option<Arc<Tokenizer>>,
+    faults: Arc<crate::actors::faults::FaultInjector>,
 }
 
 /// Tokens of one generation as they are produced. Dropping it cancels the generation.
@@ -81,7 +82,7 @@ impl GenerationStream {
                     text.push_str(&t);
                 }
                 GenEvent::Done(c) => return Ok((ids, text, c)),
-                GenEvent::Error(e) => return Err(EngineError::Internal(e)),
+                GenEvent::Error(e) => return Err(e),
             }
         }
         Err(EngineError::Stopped)
@@ -127,6 +128,22 @@ impl EngineHandle {
     /// Changes the expert cache capacity at the next step boundary; returns the new capacity.
     pub async fn resize_cache(&self, slots: u64) -> Result<u64, EngineError> {
         ask(&self.driver, |reply| EngineMsg::Resize { slots, reply }).await?
+    }
+
+    /// Arms faults in the expert pipeline (failing copies, kernels, allocations): for tests
+    /// and `serve --fault-injection`, to check that a fault fails only its own request.
+    pub fn inject_faults(&self, counts: crate::actors::faults::FaultCounts) {
+        self.faults.arm(counts);
+    }
+
+    /// Disarms every fault not yet fired.
+    pub fn clear_faults(&self) {
+        self.faults.clear();
+    }
+
+    /// Faults armed and not yet fired.
+    pub fn pending_faults(&self) -> crate::actors::faults::FaultCounts {
+        self.faults.pending()
     }
 
     /// Current counters.

@@ -6,6 +6,7 @@ use super::EngineHandle;
 use crate::actors::cache::CacheManager;
 use crate::actors::cpu::{expert_on_cpu, CpuExecutors};
 use crate::actors::device::{DeviceArgs, DeviceStream};
+use crate::actors::faults::FaultInjector;
 use crate::actors::pipeline::PipelineLinks;
 use crate::actors::router::{Router, RouterArgs};
 use crate::actors::slots::{upload_expert, ExpertShape, SlotPool};
@@ -18,7 +19,7 @@ use crate::kv::reuse::{PrefixStore, ReuseSettings};
 use crate::model::config::LayerKind;
 use crate::model::Model;
 use crate::policy::{self, plan_memory, BandwidthProfile, KvReserve, MemoryInputs, SplitCosts, VramBudget};
-use crate::tokenizer::Tokenizer;
+use crate::tokenizer::{Tokenizer, TokenizerError};
 use ft_backend::{Backend, BackendKind};
 use ractor::Actor;
 use std::sync::Arc;
@@ -49,7 +50,7 @@ fn measure_bandwidths(be: &dyn Backend, host: &HostExperts, shape: ExpertShape, 
     let mut best_h = f64::INFINITY;
     for _ in 0..reps {
         let t = Instant::now();
-        expert_on_cpu(cpu_pool, level, quant_dot, act, w, &x, 1).map_err(EngineError::Start)?;
+        expert_on_cpu(cpu_pool, level, quant_dot, act, w, &x, 1).map_err(start_err)?;
         best_h = best_h.min(t.elapsed().as_secs_f64());
     }
     Ok((bytes / best_p.max(1e-9), bytes / best_h.max(1e-9)))
@@ -85,10 +86,13 @@ pub(super) async fn spawn(
     let model = Arc::new(model);
     let tokenizer = match Tokenizer::open(&dir) {
         Ok(t) => Some(Arc::new(t)),
-        Err(e) => {
-            tracing::warn!("no tokenizer ({e}): the engine takes and returns token ids only");
+        // Only an absent tokenizer is allowed (token ids in and out); one that is there but
+        // does not load is an error, not a silent switch to ids.
+        Err(TokenizerError::Io { path, source }) if source.kind() == std::io::ErrorKind::NotFound => {
+            tracing::warn!("no tokenizer ({} not found): the engine takes and returns token ids only", path.display());
             None
         }
+        Err(e) => return Err(EngineError::Start(format!("the model's tokenizer does not load: {e}"))),
     };
     let gen_cfg = GenerationConfig::from_dir(&dir).map_err(start_err)?;
     let mut eos_ids = model.config().eos_token_ids.clone();
@@ -171,18 +175,23 @@ pub(super) async fn spawn(
     let (mode, why) = config.moe_mode.resolve_explained(b_p, b_h, slots as usize);
     tracing::info!(b_p, b_h, source, slots, ?mode, why, "engine plan");
 
-    let pool = Arc::new(SlotPool::new(backend.clone(), shape, slots as usize).map_err(start_err)?);
+    let faults = Arc::new(FaultInjector::default());
+    let pool = Arc::new(SlotPool::new(backend.clone(), shape, slots as usize, faults.clone()).map_err(start_err)?);
     let (cache, _) = Actor::spawn(None, CacheManager, slots).await.map_err(start_err)?;
-    let (transfer, _) = Actor::spawn(None, TransferEngine, (backend.clone(), pool.clone(), host.clone())).await.map_err(start_err)?;
-    let (cpu, _) = Actor::spawn(None, CpuExecutors, (cpu_pool.clone(), config.quant_dot, cfg.expert_activation.binary_op(), host.clone())).await.map_err(start_err)?;
+    let (transfer, _) =
+        Actor::spawn(None, TransferEngine, (backend.clone(), pool.clone(), host.clone(), faults.clone())).await.map_err(start_err)?;
+    let cpu_args = (cpu_pool.clone(), config.quant_dot, cfg.expert_activation.binary_op(), host.clone(), faults.clone());
+    let (cpu, _) = Actor::spawn(None, CpuExecutors, cpu_args).await.map_err(start_err)?;
     let costs = SplitCosts::new(st.bytes_per_expert, b_p, b_h);
     let (router, _) = Actor::spawn(None, Router, RouterArgs { cache: cache.clone(), mode, costs }).await.map_err(start_err)?;
-    let links = PipelineLinks { router: router.clone(), transfer: transfer.clone(), cpu: cpu.clone(), pool: pool.clone() };
+    let links = PipelineLinks { router: router.clone(), transfer: transfer.clone(), cpu: cpu.clone(), cache: cache.clone(), pool: pool.clone() };
     let device_args = DeviceArgs {
         model: model.clone(),
         links,
         cache: cache.clone(),
         mode,
+        moe: config.moe_mode,
+        max_cache_slots: memory.max_cache_slots,
         prefill: config.prefill,
         bandwidths: (b_p, b_h),
         streaming_available: memory.streaming_prefill || config.prefill == PrefillMode::Stream,
@@ -227,5 +236,5 @@ pub(super) async fn spawn(
     for cell in [device.get_cell(), router.get_cell(), cpu.get_cell(), transfer.get_cell(), cache.get_cell()] {
         cell.link(driver.get_cell());
     }
-    Ok(EngineHandle { driver, info, tokenizer })
+    Ok(EngineHandle { driver, info, tokenizer, faults })
 }

@@ -3,6 +3,7 @@
 pub mod arch;
 pub mod config;
 pub mod embedding;
+pub mod fault;
 pub mod forward;
 pub mod generation_config;
 pub mod gguf;
@@ -53,6 +54,20 @@ pub enum ModelError {
     /// A GGUF file the engine cannot read.
     #[error(transparent)]
     Gguf(gguf::GgufError),
+    /// The expert pipeline failed during a forward pass.
+    #[error(transparent)]
+    Pipeline(#[from] fault::PipelineFault),
+}
+
+impl ModelError {
+    /// Whether the cause is the device running out of memory (transient: a retry can work).
+    pub fn is_out_of_memory(&self) -> bool {
+        match self {
+            ModelError::Backend(e) => fault::is_out_of_memory(e),
+            ModelError::Pipeline(p) => p.backend().is_some_and(fault::is_out_of_memory),
+            _ => false,
+        }
+    }
 }
 
 /// A loaded model: config, device weights and the host expert pool.

@@ -200,6 +200,9 @@ pub struct MemoryPlan {
     pub streaming_prefill: bool,
     /// Every routed expert of the model (`E × layers`); slots never exceed it.
     pub total_experts: u64,
+    /// The most slots a resize may ask for: what the budget holds after the fixed needs (at
+    /// least the slots planned), or every expert when the device's size is unknown.
+    pub max_cache_slots: u64,
     /// False when the model cannot run with this budget; `error` says why.
     pub fits: bool,
     /// The reason for `fits == false`, ready to show the user.
@@ -346,6 +349,7 @@ pub fn plan_memory(inp: &MemoryInputs) -> MemoryPlan {
     }
     plan.cache_slots = slots;
     plan.cache_bytes = slots.saturating_mul(inp.expert_bytes);
+    plan.max_cache_slots = if known { auto_slots.min(plan.total_experts).max(slots) } else { plan.total_experts };
 
     if plan.total_experts > 0 && slots == plan.total_experts {
         plan.notes
@@ -466,6 +470,27 @@ mod tests {
         assert_eq!(p.cache_bytes, p.cache_slots * 9 * MIB);
         assert!(p.total_bytes() <= p.budget_bytes);
         assert_eq!(auto_margin(GIB), AUTO_MARGIN_MIN);
+    }
+
+    #[test]
+    fn resizes_are_bounded_by_the_budget_not_by_the_start_size() {
+        let auto = plan_memory(&card());
+        assert_eq!(auto.max_cache_slots, auto.cache_slots);
+        // Started with no cache (the CPU default): a resize may still grow to what fits.
+        let mut inp = card();
+        inp.cache_slots_override = Some(0);
+        let p = plan_memory(&inp);
+        assert_eq!((p.cache_slots, p.max_cache_slots), (0, auto.cache_slots));
+        // An override past the budget (but within the device) stays allowed at its size.
+        inp.cache_slots_override = Some(auto.cache_slots + 10);
+        assert_eq!(plan_memory(&inp).max_cache_slots, auto.cache_slots + 10);
+        // A device of unknown size: only the model bounds it (allocation failures roll back).
+        inp.device_total = 0;
+        inp.cache_slots_override = None;
+        inp.budget = VramBudget::Bytes(8 * GIB);
+        let p = plan_memory(&inp);
+        assert!(p.fits && p.cache_slots < 100, "{p:?}");
+        assert_eq!(p.max_cache_slots, 128 * 48);
     }
 
     #[test]

@@ -30,6 +30,8 @@ pub enum ErrorKind {
     NotFound,
     /// A route that exists, asked with a method it does not take (405).
     MethodNotAllowed,
+    /// The request conflicts with the engine's state or limits (409).
+    Conflict,
     /// The body is larger than the server accepts (413).
     TooLarge,
     /// The request queue is full (429).
@@ -48,6 +50,7 @@ impl ErrorKind {
             ErrorKind::Authentication => StatusCode::UNAUTHORIZED,
             ErrorKind::NotFound => StatusCode::NOT_FOUND,
             ErrorKind::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+            ErrorKind::Conflict => StatusCode::CONFLICT,
             ErrorKind::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             ErrorKind::RateLimit => StatusCode::TOO_MANY_REQUESTS,
             ErrorKind::Overloaded => StatusCode::SERVICE_UNAVAILABLE,
@@ -57,7 +60,9 @@ impl ErrorKind {
 
     fn openai_type(self) -> &'static str {
         match self {
-            ErrorKind::InvalidRequest | ErrorKind::NotFound | ErrorKind::MethodNotAllowed | ErrorKind::TooLarge => "invalid_request_error",
+            ErrorKind::InvalidRequest | ErrorKind::NotFound | ErrorKind::MethodNotAllowed | ErrorKind::Conflict | ErrorKind::TooLarge => {
+                "invalid_request_error"
+            }
             ErrorKind::Authentication => "authentication_error",
             ErrorKind::RateLimit => "rate_limit_error",
             ErrorKind::Overloaded => "service_unavailable_error",
@@ -67,7 +72,7 @@ impl ErrorKind {
 
     fn anthropic_type(self) -> &'static str {
         match self {
-            ErrorKind::InvalidRequest | ErrorKind::MethodNotAllowed => "invalid_request_error",
+            ErrorKind::InvalidRequest | ErrorKind::MethodNotAllowed | ErrorKind::Conflict => "invalid_request_error",
             ErrorKind::Authentication => "authentication_error",
             ErrorKind::NotFound => "not_found_error",
             ErrorKind::TooLarge => "request_too_large",
@@ -166,6 +171,11 @@ impl From<EngineError> for ApiError {
                 "the expert cache is being resized; retry in a moment",
             ),
             EngineError::Stopped => ApiError::new(ErrorKind::Overloaded, "the engine is not running"),
+            EngineError::OutOfMemory(m) => {
+                tracing::warn!("request failed for lack of device memory: {m}");
+                ApiError::new(ErrorKind::Overloaded, format!("{m}; retry shortly")).with_code("out_of_memory")
+            }
+            EngineError::Conflict(m) => ApiError::new(ErrorKind::Conflict, m),
             e @ (EngineError::Start(_) | EngineError::Internal(_)) => ApiError::internal(e.to_string()),
         }
     }
@@ -225,6 +235,8 @@ mod tests {
             (EngineError::PromptTooLong { prompt: 9000, context: 4096 }, 400, "invalid_request_error"),
             (EngineError::InvalidRequest("x".into()), 400, "invalid_request_error"),
             (EngineError::Internal("boom".into()), 500, "api_error"),
+            (EngineError::OutOfMemory("1 GiB requested".into()), 503, "overloaded_error"),
+            (EngineError::Conflict("too many slots".into()), 409, "invalid_request_error"),
         ];
         for (e, status, anthropic_type) in cases {
             let a = ApiError::from(e);

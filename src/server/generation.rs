@@ -186,7 +186,7 @@ impl Run {
                 }
                 Some(GenEvent::Error(e)) => {
                     self.ended = true;
-                    return Some(Step::Failed(ApiError::internal(format!("generation failed: {e}"))));
+                    return Some(Step::Failed(ApiError::from(e)));
                 }
                 None => {
                     self.ended = true;

@@ -175,7 +175,9 @@ pub fn app(state: AppState) -> Router {
         .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
         .route("/metrics", get(ops::metrics))
         .route("/v1/cache/status", get(ops::cache_status))
-        .route("/v1/cache/resize", post(ops::cache_resize))
+        .route("/v1/cache/resize", post(ops::cache_resize));
+    let api = if state.settings.fault_injection { api.route("/v1/debug/faults", post(ops::inject_faults)) } else { api };
+    let api = api
         .route_layer(middleware::from_fn_with_state(state.clone(), require_key));
     Router::new()
         .route("/health", get(ops::health))

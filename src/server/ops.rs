@@ -46,7 +46,9 @@ pub async fn cache_status(State(state): State<AppState>) -> Result<Json<Value>, 
         "slots": s.cache_slots,
         "used": s.cache_used,
         "total_experts": info.memory.total_experts,
-        "moe_mode": info.moe_mode,
+        "moe_mode": if s.moe_mode.is_empty() { info.moe_mode.clone() } else { s.moe_mode.clone() },
+        "leased": s.cache_leased,
+        "max_slots": info.memory.max_cache_slots,
         "hits": t.hits, "misses": t.misses, "hit_rate": t.hit_rate(),
         "fetched": t.fetched, "cpu_computed": t.cpu_computed, "streamed": t.streamed, "bytes_moved": t.bytes_moved,
         "evictions": s.cache.evictions,
@@ -99,5 +101,15 @@ pub async fn cache_resize(State(state): State<AppState>, body: Body) -> Result<J
     if slots != req.slots {
         tracing::info!("cache resize to {} slots gave {slots}", req.slots);
     }
-    Ok(Json(json!({"slots": slots, "previous": before, "requested": req.slots})))
+    let moe_mode = state.engine.stats().await.map(|s| s.moe_mode).ok();
+    Ok(Json(json!({"slots": slots, "previous": before, "requested": req.slots, "moe_mode": moe_mode})))
+}
+
+/// `POST /v1/debug/faults` (only with `fault_injection` on): arms faults in the expert
+/// pipeline, e.g. `{"copy": 1}`, and answers the faults still armed.
+pub async fn inject_faults(State(state): State<AppState>, body: Body) -> Result<Json<Value>, OpenAiError> {
+    let body = read_json(&state, body).await?;
+    let counts: crate::actors::faults::FaultCounts = parse_request(body)?;
+    state.engine.inject_faults(counts);
+    Ok(Json(json!({"armed": state.engine.pending_faults()})))
 }

@@ -64,6 +64,9 @@ pub struct ServerSettings {
     pub max_stored_responses: usize,
     /// Seconds without output after which a stream gets a keep-alive (0: never).
     pub keepalive_secs: u64,
+    /// Serve `POST /v1/debug/faults`, which makes the next expert copies, CPU kernels or
+    /// cache allocations fail (robustness tests only).
+    pub fault_injection: bool,
 }
 
 impl Default for ServerSettings {
@@ -81,6 +84,7 @@ impl Default for ServerSettings {
             reject_unknown_fields: true,
             max_stored_responses: 256,
             keepalive_secs: 15,
+            fault_injection: false,
         }
     }
 }

@@ -88,6 +88,11 @@ impl ExpertCache {
         self.slots.len()
     }
 
+    /// Slots a lease pins right now (0 between steps: anything else is a leak).
+    pub fn leased(&self) -> usize {
+        self.slots.iter().filter(|s| s.is_pinned()).count()
+    }
+
     /// Number of occupied slots.
     pub fn len(&self) -> usize {
         self.index.len()
