@@ -1,9 +1,9 @@
 //! The CUDA C sources, embedded in the binary and compiled at run time by NVRTC.
 
 /// Helpers every kernel file uses; prepended to each file before compiling.
-pub const COMMON: &str = include_str!("../kernels/common.cuh");
+pub const COMMON: &str = include_str!("../../../kernels/common.cuh");
 
-/// One `.cu` file of `backends/cuda/kernels`.
+/// One `.cu` file of the top-level `kernels/`.
 #[derive(Clone, Copy, Debug)]
 pub struct KernelFile {
     /// File stem, also the module name (`matmul` for `matmul.cu`).
@@ -24,7 +24,7 @@ macro_rules! kernel_files {
     ($($name:literal),* $(,)?) => {
         /// Every kernel file, split by op so that no one module takes long to compile.
         pub const FILES: &[KernelFile] = &[
-            $(KernelFile { name: $name, source: include_str!(concat!("../kernels/", $name, ".cu")) }),*
+            $(KernelFile { name: $name, source: include_str!(concat!("../../../kernels/", $name, ".cu")) }),*
         ];
     };
 }

@@ -3,7 +3,7 @@
 //! Everything CUDA is loaded at run time through `cudarc` (dynamic loading): no CUDA toolkit
 //! is needed to build, and a machine without an NVIDIA driver gets one clear
 //! [`BackendError::Unavailable`] instead of a panic, so `--backend auto` can fall back to the
-//! CPU. Kernels are the `.cu` files of `backends/cuda/kernels`, embedded in the binary and
+//! CPU. Kernels are the `.cu` files of the top-level `kernels/`, embedded in the binary and
 //! compiled by NVRTC for the card's compute capability when the device is opened, with the
 //! PTX cached in memory and on disk ([`compile`]). Buffers, streams, events and the kernel
 //! launches live in [`CudaBackend`]; the ops' host-side checks in [`ops`].

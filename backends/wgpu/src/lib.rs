@@ -2,9 +2,9 @@
 //! adapter, including software Vulkan (Mesa lavapipe), so it also runs on machines without
 //! a GPU.
 //!
-//! Kernels are WGSL compute shaders in `shaders/*.wgsl`, embedded with `include_str!` and
-//! compiled on first use. Narrow weights (bf16/f16) stay packed two to a `u32` word and are
-//! decoded with bit operations, so no optional adapter feature is required. Every op of the
+//! Kernels are WGSL compute shaders in the repository's top-level `shaders/*.wgsl`, embedded
+//! with `include_str!` and compiled on first use. Narrow weights (bf16/f16) stay packed two to
+//! a `u32` word and are decoded with bit operations, so no optional adapter feature is required. Every op of the
 //! trait is implemented, the recurrent (Gated DeltaNet) ones included, and matmul takes every
 //! block-quantized weight type (decoded in the shader from raw bytes; see `src/quant.rs`).
 //!

@@ -10,8 +10,8 @@ use wgpu::util::DeviceExt;
 macro_rules! shader {
     ($file:literal) => {
         concat!(
-            include_str!("../shaders/common.wgsl"),
-            include_str!(concat!("../shaders/", $file))
+            include_str!("../../../shaders/common.wgsl"),
+            include_str!(concat!("../../../shaders/", $file))
         )
     };
 }

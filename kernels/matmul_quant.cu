@@ -2,7 +2,7 @@
 // blocks decoded in the kernel exactly as ft_backend::quant::decode_block does (same f32
 // operations in the same order), products accumulated in f32.
 //
-// A port of backends/wgpu/shaders/matmul_quant.wgsl, function for function (the WGSL is the
+// A port of shaders/matmul_quant.wgsl, function for function (the WGSL is the
 // version the conformance suite runs in CI, on lavapipe); only the byte access differs: CUDA
 // reads bytes directly where WGSL extracts them from u32 words.
 //
