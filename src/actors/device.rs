@@ -74,6 +74,9 @@ pub enum ResizeError {
         /// The most the budget holds.
         max: u64,
     },
+    /// The device has no kernel for the experts' block type, so it cannot use a cache.
+    #[error("the device has no matmul kernel for the experts' block type, so they all run on the CPU and an expert cache would never be used")]
+    NoDeviceExperts,
     /// The device could not allocate the new slots.
     #[error("allocating {requested} expert cache slots failed: {source}")]
     Alloc {
@@ -105,6 +108,8 @@ pub struct DeviceArgs {
     pub moe: MoeMode,
     /// The most expert cache slots the memory budget holds (resizes stop there).
     pub max_cache_slots: u64,
+    /// Whether the device can compute the experts (has a matmul kernel for their type).
+    pub device_experts: bool,
     /// Prefill choice.
     pub prefill: PrefillMode,
     /// Bandwidths for the planner: (b_p, b_h).
@@ -294,6 +299,9 @@ impl Worker {
     fn resize(&mut self, slots: u64) -> Result<u64, ResizeError> {
         let pool = self.args.links.pool.clone();
         let old = pool.len() as u64;
+        if slots > 0 && !self.args.device_experts {
+            return Err(ResizeError::NoDeviceExperts);
+        }
         if slots > self.args.max_cache_slots && slots > old {
             let need_gib = (slots * pool.shape().bytes()) as f64 / (1u64 << 30) as f64;
             return Err(ResizeError::OverBudget { requested: slots, need_gib, max: self.args.max_cache_slots.max(old) });

@@ -223,7 +223,7 @@ impl From<crate::actors::device::ResizeError> for EngineError {
     fn from(e: crate::actors::device::ResizeError) -> Self {
         use crate::actors::device::ResizeError;
         match &e {
-            ResizeError::OverBudget { .. } => EngineError::Conflict(e.to_string()),
+            ResizeError::OverBudget { .. } | ResizeError::NoDeviceExperts => EngineError::Conflict(e.to_string()),
             ResizeError::Alloc { source, .. } if crate::model::fault::is_out_of_memory(source) => EngineError::OutOfMemory(e.to_string()),
             _ => EngineError::Internal(e.to_string()),
         }

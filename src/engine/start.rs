@@ -112,7 +112,14 @@ pub(super) async fn spawn(
     // With the CPU as the device, cached copies of experts would live in the same memory as
     // the host pool: the default is no cache, every expert computed from the mapped file.
     let cpu_device = backend.kind() == BackendKind::Cpu;
+    // A device with no matmul kernel for the experts' block type cannot compute a cached
+    // expert: every routed expert then runs on the CPU executors.
+    let device_experts = shape.dtypes.iter().all(|d| backend.supports(ft_backend::Op::Matmul, *d));
+    if !device_experts {
+        tracing::warn!("the {} backend has no {} matmul kernel: routed experts run on the CPU, with no expert cache", backend.kind(), dtype);
+    }
     let slots_override = match (config.expert_cache_slots, cpu_device, config.vram_budget) {
+        _ if !device_experts => Some(0),
         (Some(n), _, _) => Some(n),
         (None, true, VramBudget::Auto) => Some(0),
         _ => None,
@@ -137,7 +144,7 @@ pub(super) async fn spawn(
         expert_bytes: shape.bytes(),
         experts_per_layer: cfg.num_experts as u64,
         moe_layers: cfg.num_moe_layers() as u64,
-        streaming_prefill: config.prefill != PrefillMode::Decode,
+        streaming_prefill: config.prefill != PrefillMode::Decode && device_experts,
         cache_slots_override: slots_override,
     });
     if !memory.fits {
@@ -192,9 +199,10 @@ pub(super) async fn spawn(
         mode,
         moe: config.moe_mode,
         max_cache_slots: memory.max_cache_slots,
+        device_experts,
         prefill: config.prefill,
         bandwidths: (b_p, b_h),
-        streaming_available: memory.streaming_prefill || config.prefill == PrefillMode::Stream,
+        streaming_available: device_experts && (memory.streaming_prefill || config.prefill == PrefillMode::Stream),
         reuse: PrefixStore::new(
             ReuseSettings {
                 budget: config.prefix_cache_budget,

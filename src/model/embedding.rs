@@ -70,10 +70,20 @@ impl Embedding {
 
     /// The table as an output projection (tied embeddings): the device table itself, or the
     /// packed bytes handed to the backend (zero-copy on the CPU), which multiplies them packed.
-    pub fn as_weight(&self, backend: &dyn Backend) -> Result<Option<DeviceBuffer>, ModelError> {
+    pub fn as_weight(
+        &self,
+        backend: &dyn Backend,
+        host_cpu: &super::fallback::HostCpu,
+    ) -> Result<Option<(DeviceBuffer, Option<std::sync::Arc<dyn Backend>>)>, ModelError> {
         match self {
             Embedding::Device(_) => Ok(None),
-            Embedding::Host { bytes, dtype, .. } => Ok(Some(backend.import_host(bytes.clone(), *dtype, BufferUsage::Weights)?)),
+            Embedding::Host { bytes, dtype, .. } if backend.supports(ft_backend::Op::Matmul, *dtype) => {
+                Ok(Some((backend.import_host(bytes.clone(), *dtype, BufferUsage::Weights)?, None)))
+            }
+            Embedding::Host { bytes, dtype, .. } => {
+                let cpu = host_cpu.get()?;
+                Ok(Some((cpu.import_host(bytes.clone(), *dtype, BufferUsage::Weights)?, Some(cpu))))
+            }
         }
     }
 
@@ -125,7 +135,8 @@ mod tests {
             assert_eq!(&got[i * cols..][..cols], &dense[id as usize * cols..][..cols], "row {id}");
         }
         assert!(e.lookup(&be, &[7], cols, &mut out).is_err());
-        let head = e.as_weight(&be).unwrap().expect("a head for a host table");
+        let (head, host) = e.as_weight(&be, &Default::default()).unwrap().expect("a head for a host table");
+        assert!(host.is_none(), "the CPU multiplies its own packed table");
         let x = rng.vec(cols, 1.0);
         let xb = be.import_host(HostBytes::from_vec(bytemuck::cast_slice(&x).to_vec()), DType::F32, BufferUsage::Scratch).unwrap();
         let mut logits = be.alloc(DType::F32, rows, BufferUsage::Scratch).unwrap();
@@ -144,6 +155,6 @@ mod tests {
         let be = ft_backend_cpu::CpuBackend::with_defaults().unwrap();
         let e = Embedding::new(&be, HostBytes::from_vec(vec![0u8; 4 * 6]), DType::F32, 2, 3).unwrap();
         assert!(matches!(e, Embedding::Device(_)));
-        assert!(e.as_weight(&be).unwrap().is_none());
+        assert!(e.as_weight(&be, &Default::default()).unwrap().is_none());
     }
 }

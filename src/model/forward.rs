@@ -67,11 +67,24 @@ impl ExpertRunner for ReferenceExperts {
             let w = experts
                 .get(expert as usize)
                 .ok_or_else(|| ModelError::Invalid(format!("layer {layer} has no expert {expert}")))?;
-            let bufs = ExpertBuffers::import(be, w)?;
-            let extras = ExpertExtras::import(be, w, model.config().expert_activation)?;
             let mut xs = scratch(be, rows.len() * hidden)?;
             be.gather_rows(h, &rows, hidden, &mut xs)?;
-            let y = expert_forward_with(be, &bufs, &extras, &xs, rows.len(), w.gate.rows, hidden)?;
+            let act = model.config().expert_activation;
+            let y = if [&w.gate, &w.up, &w.down].iter().all(|m| be.supports(ft_backend::Op::Matmul, m.dtype)) {
+                let bufs = ExpertBuffers::import(be, w)?;
+                let extras = ExpertExtras::import(be, w, act)?;
+                expert_forward_with(be, &bufs, &extras, &xs, rows.len(), w.gate.rows, hidden)?
+            } else {
+                // No device kernel for the experts' block type: the expert runs on the CPU.
+                let cpu = model.host_cpu()?;
+                let xh = super::fallback::move_to(be, cpu.as_ref(), &xs)?;
+                let bufs = ExpertBuffers::import(cpu.as_ref(), w)?;
+                let extras = ExpertExtras::import(cpu.as_ref(), w, act)?;
+                let yh = expert_forward_with(cpu.as_ref(), &bufs, &extras, &xh, rows.len(), w.gate.rows, hidden)?;
+                let mut y = scratch(be, rows.len() * hidden)?;
+                super::fallback::to_device(be, cpu.as_ref(), &yh, &mut y, 0, rows.len() * hidden)?;
+                y
+            };
             be.scatter_add_rows(out, &y, &rows, &weights, hidden)?;
         }
         Ok(())
@@ -263,7 +276,10 @@ impl Model {
         let mut final_normed = scratch(be, n * h)?;
         be.rms_norm(&picked, &self.final_norm, &mut final_normed, &RmsNormDesc { rows: n, ..norm })?;
         let mut out = scratch(be, n * cfg.vocab_size)?;
-        reads::matmul(be, &final_normed, self.lm_head(), None, &mut out, &MatmulDesc::new(n, h, cfg.vocab_size))?;
+        match &self.lm_head {
+            Some(head) => head.forward(be, &final_normed, &mut out, n)?,
+            None => reads::matmul(be, &final_normed, self.lm_head(), None, &mut out, &MatmulDesc::new(n, h, cfg.vocab_size))?,
+        }
         download_f32(be, &out, n * cfg.vocab_size)
     }
 

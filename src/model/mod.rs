@@ -3,6 +3,7 @@
 pub mod arch;
 pub mod config;
 pub mod embedding;
+pub mod fallback;
 pub mod fault;
 pub mod forward;
 pub mod generation_config;
@@ -83,6 +84,8 @@ pub struct Model {
     pub(crate) rope_scaling: f32,
     pub(crate) rotary_dim: usize,
     files: WeightFiles,
+    /// Runs the ops the device has no kernel for.
+    host_cpu: fallback::HostCpu,
 }
 
 impl Model {
@@ -106,12 +109,13 @@ impl Model {
         };
         let (h, v) = (config.hidden_size, config.vocab_size);
         let prefix = load::weight_prefix(&files);
-        let mut loader = Loader { files: &files, quant: &quant, backend: backend.as_ref(), on_tensor: &mut on_tensor };
+        let host_cpu = fallback::HostCpu::default();
+        let mut loader = Loader { files: &files, quant: &quant, backend: backend.as_ref(), on_tensor: &mut on_tensor, host_cpu: &host_cpu };
         let embed = loader.embedding(&format!("{prefix}embed_tokens.weight"), v, h)?;
         let layers = (0..config.num_layers).map(|i| loader.layer(&config, prefix, i)).collect::<Result<Vec<_>, _>>()?;
         let final_norm = loader.vector(&format!("{prefix}norm.weight"), h)?;
         let lm_head = if config.tie_word_embeddings && !files.contains("lm_head.weight") {
-            embed.as_weight(backend.as_ref())?.map(|w| Linear { w, bias: None, out_dim: v, in_dim: h })
+            embed.as_weight(backend.as_ref(), &host_cpu)?.map(|(w, host)| Linear { w, bias: None, out_dim: v, in_dim: h, host })
         } else {
             Some(loader.linear("lm_head", v, h, false)?)
         };
@@ -135,6 +139,7 @@ impl Model {
             rope_scaling,
             rotary_dim,
             files,
+            host_cpu,
         })
     }
 
@@ -166,6 +171,31 @@ impl Model {
     /// The token embedding table.
     pub fn embedding(&self) -> &embedding::Embedding {
         &self.embed
+    }
+
+    /// Attention on the device, or on the CPU where the device's kernels do not take these
+    /// head sizes ([`Backend::supports_attention`]).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn attend(
+        &self,
+        q: &DeviceBuffer,
+        k_cache: &DeviceBuffer,
+        v_cache: &DeviceBuffer,
+        sinks: Option<&DeviceBuffer>,
+        out: &mut DeviceBuffer,
+        desc: &ft_backend::AttentionDesc,
+    ) -> Result<(), ModelError> {
+        let be = self.backend();
+        if be.supports_attention(desc, k_cache.dtype()) {
+            return Ok(be.attention(q, k_cache, v_cache, sinks, out, desc)?);
+        }
+        let cpu = self.host_cpu.get()?;
+        fallback::attention(be, cpu.as_ref(), q, k_cache, v_cache, sinks, out, desc)
+    }
+
+    /// The CPU backend that runs what the device has no kernel for.
+    pub(crate) fn host_cpu(&self) -> Result<Arc<dyn Backend>, ModelError> {
+        self.host_cpu.get()
     }
 
     /// The output projection (the embedding when tied).

@@ -10,6 +10,7 @@ use super::routing::RouterParams;
 use super::weights_file::{TensorRef, WeightFiles};
 use super::ModelError;
 use ft_backend::{Backend, BufferUsage, DType, DeviceBuffer, HostBytes, MatmulDesc};
+use std::sync::Arc;
 
 /// A row-major `[rows, cols]` weight matrix in host memory (a view of a mapped file, or an
 /// owned copy where the checkpoint layout had to be converted).
@@ -72,7 +73,8 @@ impl ExpertWeights {
     }
 }
 
-/// A device-resident linear layer `y = x Wᵀ + b`.
+/// A linear layer `y = x Wᵀ + b`, its weights on the device, or in host memory where the
+/// device has no kernel for their block type.
 pub struct Linear {
     /// `[out, in]` weights.
     pub w: DeviceBuffer,
@@ -82,12 +84,28 @@ pub struct Linear {
     pub out_dim: usize,
     /// Input features.
     pub in_dim: usize,
+    /// The CPU backend that holds `w` and `bias` and runs the product, when the device cannot
+    /// ([`super::fallback`]); `None` for device weights.
+    pub host: Option<Arc<dyn Backend>>,
 }
 
 impl Linear {
+    /// A linear layer whose weights are buffers of the device.
+    pub fn on_device(w: DeviceBuffer, bias: Option<DeviceBuffer>, out_dim: usize, in_dim: usize) -> Linear {
+        Linear { w, bias, out_dim, in_dim, host: None }
+    }
+
     /// `out[n, out_dim] = x[n, in_dim] · Wᵀ + b`.
     pub fn forward(&self, be: &dyn Backend, x: &DeviceBuffer, out: &mut DeviceBuffer, n: usize) -> Result<(), ModelError> {
-        reads::matmul(be, x, &self.w, self.bias.as_ref(), out, &MatmulDesc::new(n, self.in_dim, self.out_dim))?;
+        self.forward_desc(be, x, out, &MatmulDesc::new(n, self.in_dim, self.out_dim))
+    }
+
+    /// The product over the rows, columns and offsets `desc` names (e.g. a slice of the rows).
+    pub fn forward_desc(&self, be: &dyn Backend, x: &DeviceBuffer, out: &mut DeviceBuffer, desc: &MatmulDesc) -> Result<(), ModelError> {
+        match &self.host {
+            None => reads::matmul(be, x, &self.w, self.bias.as_ref(), out, desc)?,
+            Some(cpu) => super::fallback::matmul(be, cpu.as_ref(), x, &self.w, self.bias.as_ref(), out, desc)?,
+        }
         Ok(())
     }
     /// Bytes of weights (and bias).
@@ -244,6 +262,8 @@ pub struct Loader<'a> {
     pub backend: &'a dyn Backend,
     /// Called with each tensor name loaded (progress).
     pub on_tensor: &'a mut dyn FnMut(&str),
+    /// Runs what the device has no kernel for.
+    pub host_cpu: &'a super::fallback::HostCpu,
 }
 
 impl Loader<'_> {
@@ -252,19 +272,17 @@ impl Loader<'_> {
         Ok(self.files.get_shaped(name, shape)?)
     }
 
-    /// A weight matrix as a device buffer in its checkpoint dtype (quantized ones packed into
-    /// the engine's block layout).
-    pub fn matrix(&mut self, name: &str, rows: usize, cols: usize) -> Result<DeviceBuffer, ModelError> {
+    /// A weight matrix in its checkpoint dtype (quantized ones packed into the engine's block
+    /// layout): a device buffer, or a CPU-backend one (with that backend) where the device
+    /// has no matmul kernel for the dtype.
+    pub fn matrix(&mut self, name: &str, rows: usize, cols: usize) -> Result<(DeviceBuffer, Option<Arc<dyn Backend>>), ModelError> {
         let m = self.packed(name, rows, cols)?;
-        if m.dtype.is_quantized() && !self.backend.supports(ft_backend::Op::Matmul, m.dtype) {
-            return Err(ModelError::Invalid(format!(
-                "`{name}` is {} and the {} backend has no {} kernels yet; run with --backend cpu",
-                m.dtype,
-                self.backend.kind(),
-                m.dtype
-            )));
+        if self.backend.supports(ft_backend::Op::Matmul, m.dtype) {
+            return Ok((self.backend.import_host(m.bytes, m.dtype, BufferUsage::Weights)?, None));
         }
-        Ok(self.backend.import_host(m.bytes, m.dtype, BufferUsage::Weights)?)
+        let cpu = self.host_cpu.get()?;
+        tracing::debug!("`{name}` is {} and the {} backend has no kernel for it: its products run on the CPU", m.dtype, self.backend.kind());
+        Ok((cpu.import_host(m.bytes, m.dtype, BufferUsage::Weights)?, Some(cpu)))
     }
 
     /// The token embedding table, a block-quantized one left packed on the host
@@ -322,9 +340,14 @@ impl Loader<'_> {
 
     /// A linear layer `prefix.weight` (+ `prefix.bias` when `bias`).
     pub fn linear(&mut self, prefix: &str, out_dim: usize, in_dim: usize, bias: bool) -> Result<Linear, ModelError> {
-        let w = self.matrix(&format!("{prefix}.weight"), out_dim, in_dim)?;
+        let (w, host) = self.matrix(&format!("{prefix}.weight"), out_dim, in_dim)?;
         let bias = if bias { Some(self.vector(&format!("{prefix}.bias"), out_dim)?) } else { None };
-        Ok(Linear { w, bias, out_dim, in_dim })
+        // A host product adds its bias on the host too.
+        let bias = match (&host, bias) {
+            (Some(cpu), Some(b)) => Some(super::fallback::move_to(self.backend, cpu.as_ref(), &b)?),
+            (_, b) => b,
+        };
+        Ok(Linear { w, bias, out_dim, in_dim, host })
     }
 
     pub(super) fn host_matrix(&mut self, name: &str, rows: usize, cols: usize) -> Result<HostMatrix, ModelError> {

@@ -77,6 +77,13 @@ pub trait Backend: Send + Sync {
     fn memory_info(&self) -> Result<MemoryInfo>;
     /// Whether `op` is implemented for weights (or data) of `dtype`.
     fn supports(&self, op: Op, dtype: DType) -> bool;
+    /// Whether [`Backend::attention`] runs for `desc` with a `kv_dtype` cache: [`Backend::supports`]
+    /// and the kernel's size limits (shared memory, accumulators per thread). Where this is
+    /// false, `attention` answers [`BackendError::Unsupported`] and the engine runs it on the CPU.
+    fn supports_attention(&self, desc: &AttentionDesc, kv_dtype: DType) -> bool {
+        let _ = desc;
+        self.supports(Op::Attention, kv_dtype)
+    }
     /// For downcasting in tests and backend-specific tooling.
     fn as_any(&self) -> &dyn Any;
 

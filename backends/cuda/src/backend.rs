@@ -102,6 +102,10 @@ impl Backend for CudaBackend {
         op.supported_unquantized(dtype)
     }
 
+    fn supports_attention(&self, desc: &AttentionDesc, kv_dtype: DType) -> bool {
+        self.supports(Op::Attention, kv_dtype) && crate::ops::attn::attention_fits(desc)
+    }
+
     fn as_any(&self) -> &dyn Any {
         self
     }

@@ -52,6 +52,10 @@ impl Backend for WgpuBackend {
         op.fully_supported(dtype)
     }
 
+    fn supports_attention(&self, desc: &AttentionDesc, kv_dtype: DType) -> bool {
+        self.supports(Op::Attention, kv_dtype) && crate::ops::attention_fits(desc)
+    }
+
     fn as_any(&self) -> &dyn Any {
         self
     }

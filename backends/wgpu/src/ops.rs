@@ -5,7 +5,7 @@ use crate::memory::{check_range, expect_dtype, need, u32_of, wbuf, Window};
 use crate::pipelines::{dtype_code, Bind, Kernel};
 use crate::WgpuBackend;
 use ft_backend::{
-    AttentionDesc, BackendError, DType, DeviceBuffer, MatmulDesc, Result, RmsNormDesc, RopeDesc,
+    AttentionDesc, BackendError, DType, DeviceBuffer, MatmulDesc, Op, Result, RmsNormDesc, RopeDesc,
 };
 
 /// Tokens per matmul workgroup (`TB` in matmul.wgsl).
@@ -13,6 +13,11 @@ const MATMUL_TOKENS: usize = 4;
 /// Largest head sizes attention.wgsl holds in workgroup memory / per-thread accumulators.
 const MAX_HEAD_DIM: usize = 1024;
 const MAX_V_HEAD_DIM: usize = 64 * 16;
+
+/// Whether the attention shader's workgroup arrays hold these head sizes.
+pub(crate) fn attention_fits(d: &AttentionDesc) -> bool {
+    d.head_dim <= MAX_HEAD_DIM && d.v_head_dim <= MAX_V_HEAD_DIM
+}
 
 impl WgpuBackend {
     /// The f32 bias (`m` values) and output (`n × m`) windows of a matmul, for every
@@ -198,11 +203,8 @@ impl WgpuBackend {
                 d.kv_len, d.n_tokens
             )));
         }
-        if d.head_dim > MAX_HEAD_DIM || d.v_head_dim > MAX_V_HEAD_DIM {
-            return Err(BackendError::Shape(format!(
-                "attention: head sizes {}/{} exceed the shader's {MAX_HEAD_DIM}/{MAX_V_HEAD_DIM}",
-                d.head_dim, d.v_head_dim
-            )));
+        if !attention_fits(d) {
+            return Err(BackendError::Unsupported { backend: "wgpu".into(), op: Op::Attention, dtype: k.dtype() });
         }
         let rows = need(d.n_tokens, d.n_heads, "attention")?;
         let qs = self.window(q, 0, need(rows, d.head_dim, "attention q")?, "attention q")?;

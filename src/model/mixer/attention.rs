@@ -87,7 +87,7 @@ impl Model {
             scale: cfg.attention_scale,
             window: if kind == LayerKind::SlidingAttention { cfg.sliding_window } else { None },
         };
-        be.attention(&q, kc, vc, w.sinks.as_ref(), &mut attn, &desc)?;
+        self.attend(&q, kc, vc, w.sinks.as_ref(), &mut attn, &desc)?;
         if let Some(g) = gate {
             be.binary(BinaryOp::MulSigmoid, &mut attn, &g, t * nh * hd)?;
         }

@@ -54,11 +54,10 @@ impl Model {
         // (by weight offset) so each comes out contiguous.
         let mut c = scratch(be, t * lora)?;
         let mut k_pe = scratch(be, t * rope)?;
-        let bias = w.kv_a.bias.as_ref();
-        reads::matmul(be, x, &w.kv_a.w, bias, &mut c, &MatmulDesc::new(t, h, lora))?;
+        w.kv_a.forward_desc(be, x, &mut c, &MatmulDesc::new(t, h, lora))?;
         // Rows of quantized weights are stored padded to whole blocks.
         let pe_desc = MatmulDesc { w_offset: lora * w.kv_a.w.dtype().padded(h), bias_offset: lora, ..MatmulDesc::new(t, h, rope) };
-        reads::matmul(be, x, &w.kv_a.w, bias, &mut k_pe, &pe_desc)?;
+        w.kv_a.forward_desc(be, x, &mut k_pe, &pe_desc)?;
         let mut cn = scratch(be, t * lora)?;
         be.rms_norm(&c, &w.kv_a_norm, &mut cn, &norm(t, lora))?;
         be.rope(&mut k_pe, &self.rope_desc(positions, 1, rope, 0, m.rope_interleave))?;
@@ -105,7 +104,7 @@ impl Model {
             scale: cfg.attention_scale,
             window: None,
         };
-        be.attention(&q_full, kv, kv, None, &mut attn, &desc)?;
+        self.attend(&q_full, kv, kv, None, &mut attn, &desc)?;
 
         // Values: each head's latent output through its W_uv, then back to [t, nh, vd].
         let u = gcd(lora, rope);

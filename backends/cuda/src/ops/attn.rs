@@ -11,6 +11,16 @@ use ft_backend::{AttentionDesc, BackendError, ConvDesc, DeltaRuleDesc, DeltaRule
 const ATTN_BLOCK: u32 = 128;
 /// Query tokens per attention launch (the grid's y limit).
 const MAX_TOKENS: usize = 65_535;
+/// Value heads up to 16 accumulators per lane of a warp (`attention_*_v16`).
+const MAX_V_HEAD_DIM: usize = 512;
+/// Query/key heads whose staged query, with the warps' partial outputs, fits the 48 KiB of
+/// shared memory a launch may take without opting in to more.
+const MAX_HEAD_DIM: usize = 8192;
+
+/// Whether the attention kernels take these head sizes.
+pub(crate) fn attention_fits(d: &AttentionDesc) -> bool {
+    d.head_dim <= MAX_HEAD_DIM && d.v_head_dim <= MAX_V_HEAD_DIM
+}
 
 /// See [`ft_backend::Backend::attention`].
 pub(crate) fn attention(
@@ -49,6 +59,9 @@ pub(crate) fn attention(
         b.bind()?;
         // SAFETY: the range was checked by f32_at above.
         return unsafe { result::memset_d8_async(op, 0, out_len * 4, stream.cu_stream()) }.map_err(|e| driver(e, "attention"));
+    }
+    if !attention_fits(d) {
+        return Err(BackendError::Unsupported { backend: "cuda".into(), op: Op::Attention, dtype: k_cache.dtype() });
     }
     let names = match d.v_head_dim {
         0..=128 => ["attention_f32_v4", "attention_f16_v4", "attention_bf16_v4"],
