@@ -267,6 +267,42 @@ fn count_tokens_sees_system_tools_and_drops_the_billing_header() {
 }
 
 #[test]
+fn current_claude_code_requests_are_accepted() {
+    // What Claude Code 2.1 sends: system entries inside `messages`, adaptive thinking,
+    // context-management edits, output_config, metadata, cache_control on blocks.
+    let body = json!({
+        "model": "ft-actor-demo", "max_tokens": 4, "stream": false,
+        "system": [{"type": "text", "text": "You are Claude Code.", "cache_control": {"type": "ephemeral"}}],
+        "messages": [
+            {"role": "user", "content": [{"type": "text", "text": "say hi", "cache_control": {"type": "ephemeral"}}]},
+            {"role": "system", "content": "The user is in /tmp."},
+            {"role": "assistant", "content": [{"type": "thinking", "thinking": "greet", "signature": "x"}, {"type": "text", "text": "hi"}]},
+            {"role": "user", "content": "again"},
+            {"role": "system", "content": [{"type": "text", "text": "Be brief."}]},
+        ],
+        "thinking": {"type": "adaptive"},
+        "context_management": {"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]},
+        "output_config": {"effort": "medium"},
+        "metadata": {"user_id": "u"},
+    });
+    let o = post("/v1/messages", &body);
+    assert_eq!(o.status, StatusCode::OK, "{}", o.text);
+    assert_eq!(o.body["type"], "message");
+    // The system entries reach the prompt (joined to the system prompt, in order).
+    let count = |b: &Value| post("/v1/messages/count_tokens", b).body["input_tokens"].as_u64().expect("input_tokens");
+    let mut without = body.clone();
+    for k in ["max_tokens", "stream", "metadata"] {
+        without.as_object_mut().unwrap().remove(k);
+    }
+    let with_n = count(&without);
+    without["messages"] = json!([body["messages"][0], body["messages"][2], body["messages"][3]]);
+    assert!(with_n > count(&without), "system entries are rendered");
+    let bad = post("/v1/messages", &message(json!({"thinking": {"type": "sometimes"}})));
+    anthropic_error(&bad, 400, "invalid_request_error");
+    assert!(bad.text.contains("thinking.type"), "{}", bad.text);
+}
+
+#[test]
 fn tool_history_round_trips_through_the_template() {
     // An assistant tool call and its result in the history, in each API's shape.
     let o = post("/v1/chat/completions", &chat(json!({"messages": [

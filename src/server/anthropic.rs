@@ -118,27 +118,41 @@ pub(super) fn conversation(
     thinking: Option<&Value>,
 ) -> Result<Conversation, ApiError> {
     let mut out = vec![];
-    let sys = system_text(system)?;
-    if !sys.is_empty() {
-        out.push(json!({"role": "system", "content": sys}));
-    }
+    let mut sys = vec![system_text(system, "system")?];
     if messages.is_empty() {
         return Err(ApiError::invalid("messages", "messages must not be empty"));
     }
     for (i, m) in messages.iter().enumerate() {
+        // Current Claude Code sends `system` entries inside `messages`. Templates differ on
+        // system messages after the first (Qwen3.5 raises, DeepSeek gathers them all into
+        // the prompt's head), so they join the system prompt, in order, as DeepSeek's does.
+        if m.get("role").and_then(Value::as_str) == Some("system") {
+            sys.push(system_text(m.get("content"), &format!("messages.{i}.content"))?);
+            continue;
+        }
         convert_message(m, &format!("messages.{i}"), &mut out)?;
+    }
+    sys.retain(|s| !s.is_empty());
+    if !sys.is_empty() {
+        out.insert(0, json!({"role": "system", "content": sys.join("\n\n")}));
+    }
+    if out.is_empty() {
+        return Err(ApiError::invalid("messages", "messages must hold a user or assistant message"));
     }
     let tools = convert_tools(tools)?;
     let tools_off = super::openai::tool_choice_off(tool_choice, &tools, "tool_choice")?;
+    // `adaptive` lets the model decide how much to think: the template's switch is on.
     let enable_thinking = match thinking.and_then(|t| t.get("type")).and_then(Value::as_str) {
-        Some("enabled") => Some(true),
+        Some("enabled" | "adaptive") => Some(true),
         Some("disabled") => Some(false),
-        _ => None,
+        Some(other) => return Err(ApiError::invalid("thinking.type", format!("unknown thinking type `{other}` (enabled, adaptive or disabled)"))),
+        None => None,
     };
     Ok(Conversation { messages: out, tools, tools_off, enable_thinking, extra: Map::new() })
 }
 
-fn system_text(system: Option<&Value>) -> Result<String, ApiError> {
+/// The text of a system prompt (`path` names it in errors): a string or text blocks.
+fn system_text(system: Option<&Value>, path: &str) -> Result<String, ApiError> {
     match system {
         None | Some(Value::Null) => Ok(String::new()),
         Some(Value::String(s)) => Ok(s.clone()),
@@ -148,14 +162,14 @@ fn system_text(system: Option<&Value>) -> Result<String, ApiError> {
                 let t = b
                     .get("text")
                     .and_then(Value::as_str)
-                    .ok_or_else(|| ApiError::invalid(format!("system.{i}.text"), "system blocks must be text blocks"))?;
+                    .ok_or_else(|| ApiError::invalid(format!("{path}.{i}.text"), "system blocks must be text blocks"))?;
                 if !t.starts_with(BILLING_PREFIX) {
                     parts.push(t);
                 }
             }
             Ok(parts.join("\n"))
         }
-        Some(_) => Err(ApiError::invalid("system", "expected a string or a list of text blocks")),
+        Some(_) => Err(ApiError::invalid(path, "expected a string or a list of text blocks")),
     }
 }
 
@@ -164,7 +178,7 @@ fn system_text(system: Option<&Value>) -> Result<String, ApiError> {
 fn convert_message(m: &Value, p: &str, out: &mut Vec<Value>) -> Result<(), ApiError> {
     let role = m.get("role").and_then(Value::as_str).ok_or_else(|| ApiError::invalid(format!("{p}.role"), "Field required"))?;
     if role != "user" && role != "assistant" {
-        return Err(ApiError::invalid(format!("{p}.role"), format!("unknown role `{role}` (user or assistant)")));
+        return Err(ApiError::invalid(format!("{p}.role"), format!("unknown role `{role}` (user, assistant or system)")));
     }
     let blocks = match m.get("content") {
         Some(Value::String(s)) => vec![json!({"type": "text", "text": s})],
