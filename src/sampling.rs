@@ -1,10 +1,12 @@
-//! Token sampling: repetition penalty, temperature, top-k, top-p, min-p, a seeded PRNG, and
-//! incremental stop-string detection.
+//! Token sampling: repetition, frequency and presence penalties, logit bias, temperature,
+//! top-k, top-p, min-p, a seeded PRNG, and incremental stop-string detection.
 //!
 //! The filter order and semantics follow Hugging Face transformers' logits warpers (and
-//! llama.cpp's sampler chain): repetition penalty on the raw logits, then temperature, then
-//! top-k, top-p and min-p on the resulting distribution, then one draw from what is left.
+//! llama.cpp's sampler chain): repetition penalty on the raw logits, then OpenAI's frequency
+//! and presence penalties and logit bias, then temperature, then top-k, top-p and min-p on
+//! the resulting distribution, then one draw from what is left.
 
+mod penalties;
 mod rng;
 mod stop;
 
@@ -28,6 +30,12 @@ pub enum SamplingError {
     /// repetition_penalty must be finite and > 0.
     #[error("repetition_penalty must be a finite number > 0 (1 = off), got {0}")]
     RepetitionPenalty(f32),
+    /// frequency_penalty and presence_penalty lie in [-2, 2].
+    #[error("{0} must be between -2 and 2, got {1}")]
+    Penalty(&'static str, f32),
+    /// A logit bias lies in [-100, 100].
+    #[error("logit_bias of token {0} must be between -100 and 100, got {1}")]
+    LogitBias(u32, f32),
 }
 
 /// Parameters of one sampling configuration.
@@ -46,6 +54,12 @@ pub struct SamplingParams {
     /// Penalty for ids already in the history (positive logits divided, negative multiplied);
     /// 1.0 disables it.
     pub repetition_penalty: f32,
+    /// Subtracted from a logit once per time its id was generated (0 disables it).
+    pub frequency_penalty: f32,
+    /// Subtracted from the logit of every id generated at least once (0 disables it).
+    pub presence_penalty: f32,
+    /// Added to the logits of these ids (OpenAI's `logit_bias`).
+    pub logit_bias: Vec<(u32, f32)>,
     /// PRNG seed; `None` seeds from the clock (non-reproducible).
     pub seed: Option<u64>,
 }
@@ -59,6 +73,9 @@ impl Default for SamplingParams {
             top_p: 1.0,
             min_p: 0.0,
             repetition_penalty: 1.0,
+            frequency_penalty: 0.0,
+            presence_penalty: 0.0,
+            logit_bias: Vec::new(),
             seed: None,
         }
     }
@@ -88,6 +105,14 @@ impl SamplingParams {
         if !(self.repetition_penalty.is_finite() && self.repetition_penalty > 0.0) {
             return Err(SamplingError::RepetitionPenalty(self.repetition_penalty));
         }
+        for (name, p) in [("frequency_penalty", self.frequency_penalty), ("presence_penalty", self.presence_penalty)] {
+            if !(-2.0..=2.0).contains(&p) {
+                return Err(SamplingError::Penalty(name, p));
+            }
+        }
+        if let Some(&(id, b)) = self.logit_bias.iter().find(|(_, b)| !(-100.0..=100.0).contains(b)) {
+            return Err(SamplingError::LogitBias(id, b));
+        }
         Ok(())
     }
 
@@ -110,6 +135,8 @@ pub struct Sampler {
     /// One bit per vocabulary id, to penalise each distinct history id once without
     /// sorting the history; cleared after every use.
     seen: Vec<u64>,
+    /// Generated ids, for the frequency and presence penalties.
+    generated: penalties::Generated,
 }
 
 impl Sampler {
@@ -126,6 +153,7 @@ impl Sampler {
             logits: Vec::new(),
             cands: Vec::new(),
             seen: Vec::new(),
+            generated: Default::default(),
         })
     }
 
@@ -135,19 +163,31 @@ impl Sampler {
     }
 
     /// Picks the next token id from `logits` (one per vocabulary entry), given the ids
-    /// generated or prompted so far (`history`, used only by the repetition penalty).
+    /// prompted and generated so far (`history`: the prompt at the first call, one more id
+    /// at each later one), which the penalties read.
     ///
     /// NaN logits are never chosen; if no logit is usable (empty input, all NaN or -inf)
     /// the result is 0.
     pub fn sample(&mut self, logits: &[f32], history: &[u32]) -> u32 {
-        if self.params.repetition_penalty == 1.0 || history.is_empty() {
+        let p = &self.params;
+        let openai = p.frequency_penalty != 0.0 || p.presence_penalty != 0.0 || !p.logit_bias.is_empty();
+        if openai {
+            self.generated.update(history);
+        }
+        if (self.params.repetition_penalty == 1.0 || history.is_empty()) && !openai {
             return self.pick(logits);
         }
         // The caller's logits stay untouched; penalise a reused scratch copy.
         let mut buf = std::mem::take(&mut self.logits);
         buf.clear();
         buf.extend_from_slice(logits);
-        self.apply_repetition_penalty(&mut buf, history);
+        if self.params.repetition_penalty != 1.0 {
+            self.apply_repetition_penalty(&mut buf, history);
+        }
+        if openai {
+            let p = &self.params;
+            self.generated.apply(&mut buf, p.frequency_penalty, p.presence_penalty, &p.logit_bias);
+        }
         let id = self.pick(&buf);
         self.logits = buf;
         id
@@ -414,6 +454,12 @@ pub struct SamplingOverrides {
     pub min_p: Option<f32>,
     /// Repetition penalty.
     pub repetition_penalty: Option<f32>,
+    /// Frequency penalty.
+    pub frequency_penalty: Option<f32>,
+    /// Presence penalty.
+    pub presence_penalty: Option<f32>,
+    /// Logit bias by token id.
+    pub logit_bias: Vec<(u32, f32)>,
     /// Seed.
     pub seed: Option<u64>,
 }
@@ -437,6 +483,13 @@ impl SamplingOverrides {
         if let Some(r) = self.repetition_penalty {
             s.repetition_penalty = r;
         }
+        if let Some(f) = self.frequency_penalty {
+            s.frequency_penalty = f;
+        }
+        if let Some(p) = self.presence_penalty {
+            s.presence_penalty = p;
+        }
+        s.logit_bias = self.logit_bias.clone();
         s.seed = self.seed;
         s
     }

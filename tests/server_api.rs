@@ -303,6 +303,31 @@ fn current_claude_code_requests_are_accepted() {
 }
 
 #[test]
+fn logit_bias_and_penalties_reach_the_sampler() {
+    let tok = fixture().open.tokenizer.clone();
+    let id = tok.encode("hello", false).expect("encode")[0];
+    let forced = tok.decode(&[id, id, id], false).expect("decode");
+    let body = json!({"model": "ft-actor-demo", "prompt": "x", "max_tokens": 3, "ignore_eos": true, "logit_bias": {id.to_string(): 100}});
+    let o = post("/v1/completions", &body);
+    assert_eq!(o.status, StatusCode::OK, "{}", o.text);
+    assert_eq!(o.body["choices"][0]["text"], forced.as_str(), "a +100 bias forces the token");
+    // With a presence penalty the forced token still wins (100 − 2), and the request is valid.
+    let mut pen = body.clone();
+    pen["presence_penalty"] = json!(2.0);
+    pen["frequency_penalty"] = json!(-1.5);
+    assert_eq!(post("/v1/completions", &pen).body["choices"][0]["text"], forced.as_str());
+    let mut chat = chat(json!({"logit_bias": {id.to_string(): 100}, "max_tokens": 2, "ignore_eos": true}));
+    chat["messages"] = json!([{"role": "user", "content": "hi"}]);
+    let o = post("/v1/chat/completions", &chat);
+    assert_eq!(o.status, StatusCode::OK, "{}", o.text);
+    assert_eq!(o.body["choices"][0]["message"]["content"], tok.decode(&[id, id], false).expect("decode").as_str());
+    openai_error(&post("/v1/completions", &json!({"prompt": "x", "logit_bias": {"99999999": 1}})), 400, Some("logit_bias.99999999"));
+    openai_error(&post("/v1/completions", &json!({"prompt": "x", "logit_bias": {"abc": 1}})), 400, Some("logit_bias.abc"));
+    openai_error(&post("/v1/completions", &json!({"prompt": "x", "logit_bias": {"1": 101}})), 400, Some("logit_bias.1"));
+    openai_error(&post("/v1/completions", &json!({"prompt": "x", "presence_penalty": 3})), 400, Some("presence_penalty"));
+}
+
+#[test]
 fn tool_history_round_trips_through_the_template() {
     // An assistant tool call and its result in the history, in each API's shape.
     let o = post("/v1/chat/completions", &chat(json!({"messages": [

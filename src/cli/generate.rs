@@ -124,6 +124,7 @@ async fn generate_with(engine: &EngineHandle, a: &GenerateArgs) -> Result<()> {
         min_p: a.min_p,
         repetition_penalty: a.repetition_penalty,
         seed: a.seed,
+        ..Default::default()
     };
     let sampling = overrides.apply(&GenerationConfig::from_dir(&engine.info().model_dir)?.sampling());
     let prompt_len = prompt.len();

@@ -81,7 +81,7 @@ impl GenerationConfig {
             top_k: self.top_k.unwrap_or(d.top_k),
             min_p: self.min_p.unwrap_or(d.min_p),
             repetition_penalty: self.repetition_penalty.unwrap_or(d.repetition_penalty),
-            seed: None,
+            ..d
         }
     }
 }

@@ -270,3 +270,30 @@ fn validate_rejects_bad_values() {
     .to_string();
     assert!(msg.contains("top_p") && msg.contains('2'), "{msg}");
 }
+
+#[test]
+fn presence_and_frequency_penalties_read_only_generated_tokens() {
+    let logits = [0.0, 1.0, 0.9, 0.2];
+    let mut s = sampler(SamplingParams { presence_penalty: 0.5, ..SamplingParams::greedy() });
+    // Token 1 is in the prompt: that is not a generated use.
+    assert_eq!(s.sample(&logits, &[1, 1, 3]), 1);
+    // Generated once: 1.0 - 0.5 < 0.9.
+    assert_eq!(s.sample(&logits, &[1, 1, 3, 1]), 2);
+    let mut f = sampler(SamplingParams { frequency_penalty: 0.4, ..SamplingParams::greedy() });
+    assert_eq!(f.sample(&logits, &[0]), 1);
+    assert_eq!(f.sample(&logits, &[0, 1]), 2, "1.0 - 0.4 < 0.9");
+    assert_eq!(f.sample(&logits, &[0, 1, 2]), 1, "0.6 > 0.9 - 0.4");
+    assert_eq!(f.sample(&logits, &[0, 1, 2, 1]), 2, "1.0 - 0.8 < 0.5");
+    assert_eq!(logits, [0.0, 1.0, 0.9, 0.2], "the caller's logits are untouched");
+}
+
+#[test]
+fn logit_bias_moves_the_choice_and_its_range_is_checked() {
+    let logits = [0.0, 1.0, 0.9, 0.2];
+    let mut s = sampler(SamplingParams { logit_bias: vec![(3, 5.0), (1, -100.0)], ..SamplingParams::greedy() });
+    assert_eq!(s.sample(&logits, &[0]), 3);
+    let bad = SamplingParams { logit_bias: vec![(2, 101.0)], ..SamplingParams::default() };
+    assert_eq!(bad.validate(), Err(SamplingError::LogitBias(2, 101.0)));
+    let bad = SamplingParams { presence_penalty: -2.5, ..SamplingParams::default() };
+    assert_eq!(bad.validate(), Err(SamplingError::Penalty("presence_penalty", -2.5)));
+}

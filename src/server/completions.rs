@@ -47,6 +47,7 @@ struct CompletionRequest {
     stop: Option<Stop>,
     presence_penalty: Option<f32>,
     frequency_penalty: Option<f32>,
+    logit_bias: Option<serde_json::Map<String, serde_json::Value>>,
     seed: Option<i64>,
     suffix: Option<String>,
     ignore_eos: Option<bool>,
@@ -70,8 +71,6 @@ pub async fn create(State(state): State<AppState>, body: Body) -> Result<Respons
     if req.suffix.as_deref().is_some_and(|s| !s.is_empty()) {
         return Err(ApiError::invalid("suffix", "suffix (fill-in-the-middle) is not supported").into());
     }
-    wire::check_penalty(req.frequency_penalty, "frequency_penalty")?;
-    wire::check_penalty(req.presence_penalty, "presence_penalty")?;
     let (ids, prompt_text) = completion_prompt(&state, req.prompt).await?;
     let echo = if req.echo.unwrap_or(false) { prompt_text } else { String::new() };
     let params = GenParams {
@@ -83,6 +82,9 @@ pub async fn create(State(state): State<AppState>, body: Body) -> Result<Respons
             top_k: wire::top_k(req.top_k)?,
             min_p: req.min_p,
             repetition_penalty: req.repetition_penalty,
+            frequency_penalty: req.frequency_penalty,
+            presence_penalty: req.presence_penalty,
+            logit_bias: wire::logit_bias(req.logit_bias.as_ref(), state.engine.info().config.vocab_size)?,
             seed: wire::seed(req.seed),
         }
         .apply(&state.sampling),

@@ -257,6 +257,8 @@ fn sampling_param(e: &crate::sampling::SamplingError) -> &'static str {
         TopP(_) => "top_p",
         MinP(_) => "min_p",
         RepetitionPenalty(_) => "repetition_penalty",
+        Penalty(name, _) => name,
+        LogitBias(..) => "logit_bias",
     }
 }
 

@@ -55,6 +55,7 @@ struct ChatRequest {
     response_format: Option<Value>,
     frequency_penalty: Option<f32>,
     presence_penalty: Option<f32>,
+    logit_bias: Option<Map<String, Value>>,
     ignore_eos: Option<bool>,
     functions: Option<Value>,
 }
@@ -75,8 +76,6 @@ pub async fn chat_completions(State(state): State<AppState>, body: Body) -> Resu
         return Err(ApiError::invalid("logprobs", "logprobs are not supported by this server").into());
     }
     check_response_format(req.response_format.as_ref())?;
-    wire::check_penalty(req.frequency_penalty, "frequency_penalty")?;
-    wire::check_penalty(req.presence_penalty, "presence_penalty")?;
     let tools = function_tools(req.tools.as_deref().unwrap_or_default(), "tools")?;
     let tools_off = tool_choice_off(req.tool_choice.as_ref(), &tools, "tool_choice")?;
     let mut extra = req.chat_template_kwargs.clone().unwrap_or_default();
@@ -96,6 +95,9 @@ pub async fn chat_completions(State(state): State<AppState>, body: Body) -> Resu
             top_k: wire::top_k(req.top_k)?,
             min_p: req.min_p,
             repetition_penalty: req.repetition_penalty,
+            frequency_penalty: req.frequency_penalty,
+            presence_penalty: req.presence_penalty,
+            logit_bias: wire::logit_bias(req.logit_bias.as_ref(), state.engine.info().config.vocab_size)?,
             seed: wire::seed(req.seed),
         }
         .apply(&state.sampling),

@@ -141,6 +141,7 @@ pub async fn create(State(state): State<AppState>, body: Body) -> Result<Respons
             min_p: req.min_p,
             repetition_penalty: req.repetition_penalty,
             seed: super::wire::seed(req.seed),
+            ..Default::default()
         }
         .apply(&state.sampling),
         stop: vec![],

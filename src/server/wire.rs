@@ -58,11 +58,21 @@ pub fn seed(v: Option<i64>) -> Option<u64> {
     v.map(|s| s as u64)
 }
 
-/// OpenAI's penalties are accepted for compatibility; the engine has no frequency or
-/// presence penalty, so only their range is checked.
-pub fn check_penalty(v: Option<f32>, param: &str) -> Result<(), ApiError> {
-    match v {
-        Some(p) if !(-2.0..=2.0).contains(&p) => Err(ApiError::invalid(param, format!("{param} must be between -2 and 2"))),
-        _ => Ok(()),
+/// `logit_bias`: token ids (as JSON object keys) to a bias in [-100, 100].
+pub fn logit_bias(v: Option<&serde_json::Map<String, serde_json::Value>>, vocab: usize) -> Result<Vec<(u32, f32)>, ApiError> {
+    let mut out = vec![];
+    for (k, b) in v.into_iter().flatten() {
+        let param = format!("logit_bias.{k}");
+        let id: u32 = k.parse().map_err(|_| ApiError::invalid(&param, "keys must be token ids"))?;
+        if id as usize >= vocab {
+            return Err(ApiError::invalid(&param, format!("token id {id} is outside the vocabulary of {vocab}")));
+        }
+        let b = b.as_f64().ok_or_else(|| ApiError::invalid(&param, "expected a number"))?;
+        if !(-100.0..=100.0).contains(&b) {
+            return Err(ApiError::invalid(&param, "bias must be between -100 and 100"));
+        }
+        out.push((id, b as f32));
     }
+    Ok(out)
 }
+
