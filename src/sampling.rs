@@ -6,12 +6,14 @@
 //! and presence penalties and logit bias, then temperature, then top-k, top-p and min-p on
 //! the resulting distribution, then one draw from what is left.
 
+mod logprobs;
 mod penalties;
 mod rng;
 mod stop;
 
 use thiserror::Error;
 
+pub use logprobs::{token_logprobs, TokenLogprobs, MAX_TOP_LOGPROBS};
 pub use rng::{splitmix64, Rng};
 pub use stop::{StopChecker, StopOutput};
 

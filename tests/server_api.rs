@@ -328,6 +328,45 @@ fn logit_bias_and_penalties_reach_the_sampler() {
 }
 
 #[test]
+fn logprobs_are_reported_in_each_apis_shape() {
+    let mut body = chat(json!({"logprobs": true, "top_logprobs": 2, "max_tokens": 5, "temperature": 0, "ignore_eos": true}));
+    body["messages"] = json!([{"role": "user", "content": "hi"}]);
+    let o = post("/v1/chat/completions", &body);
+    assert_eq!(o.status, StatusCode::OK, "{}", o.text);
+    let content = o.body["choices"][0]["logprobs"]["content"].as_array().expect("logprobs.content").clone();
+    assert_eq!(content.len() as u64, o.body["usage"]["completion_tokens"].as_u64().expect("usage"));
+    for e in &content {
+        let lp = e["logprob"].as_f64().expect("logprob");
+        let top = e["top_logprobs"].as_array().expect("top_logprobs");
+        assert_eq!(top.len(), 2);
+        assert!(lp <= 0.0 && top[0]["logprob"].as_f64() >= top[1]["logprob"].as_f64(), "{e}");
+        // Greedy: the chosen token is the most likely one.
+        assert!((lp - top[0]["logprob"].as_f64().unwrap()).abs() < 1e-6, "{e}");
+        assert_eq!(e["bytes"].as_array().map(Vec::len), e["token"].as_str().map(str::len));
+    }
+    let text: String = content.iter().map(|e| e["token"].as_str().unwrap().to_string()).collect();
+    // (The reply's leading whitespace is trimmed; the tokens keep it.)
+    assert_eq!(o.body["choices"][0]["message"]["content"].as_str(), Some(text.trim_start()), "the tokens spell the text");
+    // Without the flag: null, as OpenAI answers.
+    body.as_object_mut().unwrap().remove("top_logprobs");
+    body["logprobs"] = json!(false);
+    assert!(post("/v1/chat/completions", &body).body["choices"][0]["logprobs"].is_null());
+
+    let o = post("/v1/completions", &json!({"prompt": "x", "max_tokens": 4, "logprobs": 3, "ignore_eos": true, "temperature": 0}));
+    assert_eq!(o.status, StatusCode::OK, "{}", o.text);
+    let lp = &o.body["choices"][0]["logprobs"];
+    let tokens = lp["tokens"].as_array().expect("tokens");
+    assert_eq!(tokens.len(), 4);
+    assert_eq!(lp["token_logprobs"].as_array().map(Vec::len), Some(4));
+    assert!(lp["top_logprobs"].as_array().expect("top").iter().all(|t| t.as_object().is_some_and(|m| !m.is_empty() && m.len() <= 3)));
+    let offsets: Vec<u64> = lp["text_offset"].as_array().expect("offsets").iter().map(|v| v.as_u64().unwrap()).collect();
+    assert!(offsets.windows(2).all(|w| w[0] <= w[1]) && offsets[0] == 0, "{offsets:?}");
+
+    openai_error(&post("/v1/chat/completions", &chat(json!({"top_logprobs": 3}))), 400, Some("top_logprobs"));
+    openai_error(&post("/v1/chat/completions", &chat(json!({"logprobs": true, "top_logprobs": 21}))), 400, Some("top_logprobs"));
+}
+
+#[test]
 fn tool_history_round_trips_through_the_template() {
     // An assistant tool call and its result in the history, in each API's shape.
     let o = post("/v1/chat/completions", &chat(json!({"messages": [

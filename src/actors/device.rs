@@ -31,6 +31,8 @@ pub struct SeqSpec {
     pub sampling: SamplingParams,
     /// Return each step's logits.
     pub return_logits: bool,
+    /// Return each token's log-probability and this many alternatives'.
+    pub logprobs: Option<usize>,
 }
 
 /// The result of one step.
@@ -42,6 +44,8 @@ pub struct StepOutput {
     pub logits: Option<Vec<f32>>,
     /// Prompt tokens restored from saved state instead of prefilled (first step only).
     pub cached: usize,
+    /// The token's log-probability and alternatives, if asked for.
+    pub logprobs: Option<crate::sampling::TokenLogprobs>,
 }
 
 /// Messages of the device stream.
@@ -137,6 +141,7 @@ struct Seq {
     sampler: Sampler,
     history: Vec<u32>,
     return_logits: bool,
+    logprobs: Option<usize>,
     /// State length at the last recorded anchor.
     last_anchor: usize,
     /// A step failed, so the state may not match `history`: never save it.
@@ -222,7 +227,7 @@ impl Worker {
             let mut state = SequenceState::new(&self.args.model, spec.capacity)?;
             cached = self.args.reuse.restore(&tokens, &mut state);
             let sampler = Sampler::new(spec.sampling).map_err(|e| ModelError::Invalid(e.to_string()))?;
-            let s = Seq { state, sampler, history: vec![], return_logits: spec.return_logits, last_anchor: cached, broken: false };
+            let s = Seq { state, sampler, history: vec![], return_logits: spec.return_logits, logprobs: spec.logprobs, last_anchor: cached, broken: false };
             self.seqs.insert(seq, s);
         }
         let s = self.seqs.get_mut(&seq).ok_or_else(unknown_seq)?;
@@ -253,7 +258,8 @@ impl Worker {
         let s = self.seqs.get_mut(&seq).ok_or_else(unknown_seq)?;
         let token = s.sampler.sample(&logits, &s.history);
         s.history.push(token);
-        Ok(StepOutput { token, logits: s.return_logits.then_some(logits), cached })
+        let logprobs = s.logprobs.map(|n| crate::sampling::token_logprobs(&logits, token, n));
+        Ok(StepOutput { token, logits: s.return_logits.then_some(logits), cached, logprobs })
     }
 
     /// Runs a prompt from `cached` on, pausing where anchors are to be recorded.
@@ -367,7 +373,7 @@ impl Worker {
                         const SCRATCH: u64 = u64::MAX;
                         let state = SequenceState::new(&self.args.model, prompt.len())?;
                         let sampler = Sampler::new(SamplingParams::greedy()).map_err(|e| ModelError::Invalid(e.to_string()))?;
-                        let s = Seq { state, sampler, history: vec![], return_logits: false, last_anchor: 0, broken: false };
+                        let s = Seq { state, sampler, history: vec![], return_logits: false, logprobs: None, last_anchor: 0, broken: false };
                         self.seqs.insert(SCRATCH, s);
                         let r = self.forward(SCRATCH, &prompt, Logits::All);
                         self.seqs.remove(&SCRATCH);

@@ -136,6 +136,7 @@ async fn generate_with(engine: &EngineHandle, a: &GenerateArgs) -> Result<()> {
         stop_ids: vec![],
         ignore_eos: a.ignore_eos,
         return_logits: false,
+        logprobs: None,
     };
     let mut stream = engine.generate(req).await?;
     let mut ids = vec![];

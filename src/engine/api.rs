@@ -113,6 +113,9 @@ pub struct EngineRequest {
     pub ignore_eos: bool,
     /// Send each step's logits with its token (tests and tools; costs a copy per token).
     pub return_logits: bool,
+    /// Send each token's log-probability and the `n` most likely alternatives' (`Some(0)`:
+    /// the token's alone).
+    pub logprobs: Option<usize>,
 }
 
 impl EngineRequest {
@@ -126,6 +129,7 @@ impl EngineRequest {
             stop_ids: vec![],
             ignore_eos: false,
             return_logits: false,
+            logprobs: None,
         }
     }
 }
@@ -152,6 +156,8 @@ pub enum GenEvent {
         text: String,
         /// The logits the token was sampled from, if requested.
         logits: Option<Vec<f32>>,
+        /// Its log-probability and the most likely alternatives', if requested.
+        logprobs: Option<crate::sampling::TokenLogprobs>,
     },
     /// The generation ended.
     Done(Completion),

@@ -183,6 +183,7 @@ impl EngineDriver {
             capacity: seq.req.prompt.len() + seq.budget,
             sampling: seq.req.sampling.clone(),
             return_logits: seq.req.return_logits,
+            logprobs: seq.req.logprobs,
         });
         seq.started = true;
         let id = seq.id;
@@ -357,7 +358,7 @@ impl Actor for EngineDriver {
                         if matches!(finish, Some(FinishReason::Eos | FinishReason::Length)) {
                             text.push_str(&st.drain_text(&mut s));
                         }
-                        let alive = s.events.send(GenEvent::Token { id: out.token, text, logits: out.logits }).is_ok();
+                        let alive = s.events.send(GenEvent::Token { id: out.token, text, logits: out.logits, logprobs: out.logprobs }).is_ok();
                         match finish {
                             Some(f) => st.finish(s, f, &dev),
                             // The client went away: free its state now.

@@ -87,6 +87,7 @@ pub async fn messages(State(state): State<AppState>, headers: HeaderMap, body: B
         stop: Stop::into_vec(req.stop_sequences.map(Stop::Many), "stop_sequences")?,
         ignore_eos: false,
         parser: conv.parser_options(&state, &prompt),
+        logprobs: None,
     };
     let prompt_len = params.prompt.len();
     let run = Run::start(&state, params).await?;

@@ -1,7 +1,7 @@
 //! OpenAI-compatible `/v1/completions` (raw prompts, no chat template).
 
 use super::errors::OpenAiError;
-use super::generation::{GenParams, Outcome, Run, SamplingOverrides};
+use super::generation::{GenParams, LogprobEntry, Outcome, Run, SamplingOverrides};
 use super::openai::{fingerprint, finish_reason, usage_json};
 use super::parsers::{Parsed, ParserOptions};
 use super::prompt::{check_fields, parse_request};
@@ -65,8 +65,8 @@ pub async fn create(State(state): State<AppState>, body: Body) -> Result<Respons
     if req.n.is_some_and(|n| n != 1) || req.best_of.is_some_and(|n| n != 1) {
         return Err(ApiError::invalid("n", "only n=1 (and best_of=1) is supported").into());
     }
-    if req.logprobs.is_some_and(|n| n > 0) {
-        return Err(ApiError::invalid("logprobs", "logprobs are not supported by this server").into());
+    if req.logprobs.is_some_and(|n| n as usize > crate::sampling::MAX_TOP_LOGPROBS) {
+        return Err(ApiError::invalid("logprobs", format!("logprobs must be at most {}", crate::sampling::MAX_TOP_LOGPROBS)).into());
     }
     if req.suffix.as_deref().is_some_and(|s| !s.is_empty()) {
         return Err(ApiError::invalid("suffix", "suffix (fill-in-the-middle) is not supported").into());
@@ -91,20 +91,23 @@ pub async fn create(State(state): State<AppState>, body: Body) -> Result<Respons
         stop: Stop::into_vec(req.stop, "stop")?,
         ignore_eos: req.ignore_eos.unwrap_or(false),
         parser: ParserOptions { raw: true, ..Default::default() },
+        logprobs: req.logprobs.map(|n| n as usize),
     };
     let run = Run::start(&state, params).await?;
     let id = new_id("cmpl-");
     if req.stream.unwrap_or(false) {
         let usage = req.stream_options.and_then(|o| o.include_usage).unwrap_or(false);
-        let enc = CompletionStream { id, model: state.model_id.clone(), created: unix_now(), usage, echo };
+        let offset = echo.len();
+        let enc = CompletionStream { id, model: state.model_id.clone(), created: unix_now(), usage, echo, logprobs: vec![], offset };
         return Ok(sse::response(run, enc));
     }
     let c = run.collect().await?;
     let text = format!("{echo}{}", c.text());
+    let logprobs = if req.logprobs.is_some() { completion_logprobs(&c.logprobs, echo.len()) } else { Value::Null };
     Ok(Json(json!({
         "id": id, "object": "text_completion", "created": unix_now(), "model": state.model_id,
         "system_fingerprint": fingerprint(),
-        "choices": [{"text": text, "index": 0, "logprobs": null, "finish_reason": finish_reason(&c.outcome)}],
+        "choices": [{"text": text, "index": 0, "logprobs": logprobs, "finish_reason": finish_reason(&c.outcome)}],
         "usage": usage_json(&c.outcome.usage),
     }))
     .into_response())
@@ -155,14 +158,41 @@ struct CompletionStream {
     created: u64,
     usage: bool,
     echo: String,
+    /// Log-probabilities for the next chunk.
+    logprobs: Vec<LogprobEntry>,
+    /// Text offset of the next token.
+    offset: usize,
+}
+
+/// The legacy completions `logprobs`: parallel lists, the text offsets counted from `offset`.
+fn completion_logprobs(entries: &[LogprobEntry], mut offset: usize) -> Value {
+    let mut offsets = vec![];
+    for e in entries {
+        offsets.push(offset);
+        offset += e.token.len();
+    }
+    json!({
+        "tokens": entries.iter().map(|e| e.token.as_str()).collect::<Vec<_>>(),
+        "token_logprobs": entries.iter().map(|e| e.logprob).collect::<Vec<_>>(),
+        "top_logprobs": entries.iter().map(|e| e.top.iter().map(|(t, l)| (t.clone(), json!(l))).collect::<serde_json::Map<_, _>>()).collect::<Vec<_>>(),
+        "text_offset": offsets,
+    })
 }
 
 impl CompletionStream {
-    fn chunk(&self, text: &str, finish: Option<&str>) -> String {
+    fn chunk(&mut self, text: &str, finish: Option<&str>) -> String {
+        let logprobs = if self.logprobs.is_empty() {
+            Value::Null
+        } else {
+            let entries = std::mem::take(&mut self.logprobs);
+            let v = completion_logprobs(&entries, self.offset);
+            self.offset += entries.iter().map(|e| e.token.len()).sum::<usize>();
+            v
+        };
         let mut v = json!({
             "id": self.id, "object": "text_completion", "created": self.created, "model": self.model,
             "system_fingerprint": fingerprint(),
-            "choices": [{"text": text, "index": 0, "logprobs": null, "finish_reason": finish}],
+            "choices": [{"text": text, "index": 0, "logprobs": logprobs, "finish_reason": finish}],
         });
         if self.usage {
             v["usage"] = Value::Null;
@@ -172,6 +202,10 @@ impl CompletionStream {
 }
 
 impl sse::Encoder for CompletionStream {
+    fn logprobs(&mut self, entries: Vec<LogprobEntry>) {
+        self.logprobs.extend(entries);
+    }
+
     fn start(&mut self) -> String {
         let echo = std::mem::take(&mut self.echo);
         if echo.is_empty() { String::new() } else { self.chunk(&echo, None) }

@@ -26,6 +26,29 @@ pub struct GenParams {
     pub ignore_eos: bool,
     /// Output parsing.
     pub parser: ParserOptions,
+    /// Report each token's log-probability and this many alternatives'.
+    pub logprobs: Option<usize>,
+}
+
+/// One generated token's log-probability as the APIs report it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LogprobEntry {
+    /// The token's text.
+    pub token: String,
+    /// `log p(token)`.
+    pub logprob: f32,
+    /// The most likely tokens at that step, best first.
+    pub top: Vec<(String, f32)>,
+}
+
+impl LogprobEntry {
+    /// OpenAI chat's shape: `{token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]}`.
+    pub fn chat_json(&self) -> serde_json::Value {
+        let one = |t: &str, l: f32| serde_json::json!({"token": t, "logprob": l, "bytes": t.as_bytes()});
+        let mut v = one(&self.token, self.logprob);
+        v["top_logprobs"] = self.top.iter().map(|(t, l)| one(t, *l)).collect();
+        v
+    }
 }
 
 /// Why a generation ended, in API-neutral terms.
@@ -86,6 +109,8 @@ pub struct Run {
     queue: VecDeque<Step>,
     ended: bool,
     idle: Option<Duration>,
+    /// Log-probabilities of tokens not yet taken by the response.
+    logprobs: Vec<LogprobEntry>,
 }
 
 /// Everything a non-streaming response needs.
@@ -94,6 +119,8 @@ pub struct Collected {
     pub items: Vec<Parsed>,
     /// The finish.
     pub outcome: Outcome,
+    /// Every generated token's log-probability, if asked for.
+    pub logprobs: Vec<LogprobEntry>,
 }
 
 impl Collected {
@@ -132,6 +159,7 @@ impl Run {
             stop_ids: vec![],
             ignore_eos: p.ignore_eos,
             return_logits: false,
+            logprobs: p.logprobs,
         };
         let stream = state.engine.generate(req).await?;
         let idle = (state.settings.keepalive_secs > 0).then(|| Duration::from_secs(state.settings.keepalive_secs));
@@ -145,6 +173,7 @@ impl Run {
             queue: VecDeque::new(),
             ended: false,
             idle,
+            logprobs: vec![],
         })
     }
 
@@ -166,7 +195,13 @@ impl Run {
             };
             let mut out = vec![];
             match ev {
-                Some(GenEvent::Token { id, text, .. }) => {
+                Some(GenEvent::Token { id, text, logprobs, .. }) => {
+                    if let Some(lp) = logprobs {
+                        let tok = &self.state.tokenizer;
+                        let text_of = |id: u32| tok.decode(&[id], false).unwrap_or_default();
+                        let top = lp.top.iter().map(|&(i, l)| (text_of(i), l)).collect();
+                        self.logprobs.push(LogprobEntry { token: text_of(id), logprob: lp.logprob, top });
+                    }
                     self.ids.push(id);
                     self.raw_len += text.len();
                     self.parser.push(&text, &mut out);
@@ -196,6 +231,11 @@ impl Run {
         }
     }
 
+    /// Log-probabilities of the tokens since the last call (for a stream's next chunk).
+    pub fn take_logprobs(&mut self) -> Vec<LogprobEntry> {
+        std::mem::take(&mut self.logprobs)
+    }
+
     /// Runs to the end and gathers the output.
     pub async fn collect(mut self) -> Result<Collected, ApiError> {
         let mut items: Vec<Parsed> = vec![];
@@ -210,7 +250,7 @@ impl Run {
                     }
                 }
                 Step::Idle => {}
-                Step::Done(outcome) => return Ok(Collected { items, outcome }),
+                Step::Done(outcome) => return Ok(Collected { items, outcome, logprobs: self.take_logprobs() }),
                 Step::Failed(e) => return Err(e),
             }
         }

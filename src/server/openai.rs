@@ -1,7 +1,7 @@
 //! OpenAI-compatible `/v1/chat/completions`, `/v1/completions` and `/v1/models`.
 
 use super::errors::OpenAiError;
-use super::generation::{Collected, Finish, GenParams, Outcome, Run, SamplingOverrides, Usage};
+use super::generation::{Collected, Finish, GenParams, LogprobEntry, Outcome, Run, SamplingOverrides, Usage};
 use super::parsers::{Parsed, ToolCall};
 use super::prompt::{check_fields, content_text, parse_request, template_arguments, Conversation};
 use super::wire::{self, Stop};
@@ -52,6 +52,7 @@ struct ChatRequest {
     reasoning_effort: Option<String>,
     chat_template_kwargs: Option<Map<String, Value>>,
     logprobs: Option<bool>,
+    top_logprobs: Option<u32>,
     response_format: Option<Value>,
     frequency_penalty: Option<f32>,
     presence_penalty: Option<f32>,
@@ -72,9 +73,14 @@ pub async fn chat_completions(State(state): State<AppState>, body: Body) -> Resu
     if req.functions.as_ref().is_some_and(|f| !f.is_null()) {
         return Err(ApiError::invalid("functions", "the legacy `functions` parameter is not supported; use `tools`").into());
     }
-    if req.logprobs == Some(true) {
-        return Err(ApiError::invalid("logprobs", "logprobs are not supported by this server").into());
-    }
+    let logprobs = match (req.logprobs.unwrap_or(false), req.top_logprobs) {
+        (_, Some(n)) if n as usize > crate::sampling::MAX_TOP_LOGPROBS => {
+            return Err(ApiError::invalid("top_logprobs", format!("top_logprobs must be at most {}", crate::sampling::MAX_TOP_LOGPROBS)).into())
+        }
+        (false, Some(n)) if n > 0 => return Err(ApiError::invalid("top_logprobs", "top_logprobs needs logprobs: true").into()),
+        (true, n) => Some(n.unwrap_or(0) as usize),
+        (false, _) => None,
+    };
     check_response_format(req.response_format.as_ref())?;
     let tools = function_tools(req.tools.as_deref().unwrap_or_default(), "tools")?;
     let tools_off = tool_choice_off(req.tool_choice.as_ref(), &tools, "tool_choice")?;
@@ -104,6 +110,7 @@ pub async fn chat_completions(State(state): State<AppState>, body: Body) -> Resu
         stop: Stop::into_vec(req.stop, "stop")?,
         ignore_eos: req.ignore_eos.unwrap_or(false),
         parser,
+        logprobs,
     };
     let run = Run::start(&state, params).await?;
     let id = new_id("chatcmpl-");
@@ -113,7 +120,11 @@ pub async fn chat_completions(State(state): State<AppState>, body: Body) -> Resu
         return Ok(sse::response(run, enc));
     }
     let c = run.collect().await?;
-    Ok(Json(chat_response(&id, &state.model_id, &c)).into_response())
+    let mut resp = chat_response(&id, &state.model_id, &c);
+    if logprobs.is_some() {
+        resp["choices"][0]["logprobs"] = chat_logprobs(&c.logprobs);
+    }
+    Ok(Json(resp).into_response())
 }
 
 fn max_tokens_param(req: &ChatRequest) -> &'static str {
@@ -350,19 +361,27 @@ pub(super) struct ChatStream {
     created: u64,
     usage: bool,
     calls: usize,
+    /// Log-probabilities for the next chunk.
+    logprobs: Vec<LogprobEntry>,
+}
+
+/// A chat choice's `logprobs`: one entry per generated token.
+fn chat_logprobs(entries: &[LogprobEntry]) -> Value {
+    json!({"content": entries.iter().map(LogprobEntry::chat_json).collect::<Vec<_>>(), "refusal": null})
 }
 
 impl ChatStream {
     /// An encoder for the stream `id`; `usage` adds the final usage chunk.
     pub(super) fn new(id: String, model: String, usage: bool) -> Self {
-        Self { id, model, created: unix_now(), usage, calls: 0 }
+        Self { id, model, created: unix_now(), usage, calls: 0, logprobs: vec![] }
     }
 
-    fn chunk(&self, delta: Value, finish: Option<&str>) -> String {
+    fn chunk(&mut self, delta: Value, finish: Option<&str>) -> String {
+        let logprobs = if self.logprobs.is_empty() { Value::Null } else { chat_logprobs(&std::mem::take(&mut self.logprobs)) };
         let mut v = json!({
             "id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
             "system_fingerprint": fingerprint(),
-            "choices": [{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish}],
+            "choices": [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}],
         });
         if self.usage {
             v["usage"] = Value::Null;
@@ -372,6 +391,10 @@ impl ChatStream {
 }
 
 impl sse::Encoder for ChatStream {
+    fn logprobs(&mut self, entries: Vec<LogprobEntry>) {
+        self.logprobs.extend(entries);
+    }
+
     fn start(&mut self) -> String {
         self.chunk(json!({"role": "assistant", "content": ""}), None)
     }

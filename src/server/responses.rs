@@ -147,6 +147,7 @@ pub async fn create(State(state): State<AppState>, body: Body) -> Result<Respons
         stop: vec![],
         ignore_eos: false,
         parser: conv.parser_options(&state, &prompt),
+        logprobs: None,
     };
     let run = Run::start(&state, params).await?;
     let echo = Echo {

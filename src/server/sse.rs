@@ -28,6 +28,11 @@ pub trait Encoder: Send + 'static {
     fn done(&mut self, outcome: Outcome) -> String;
     /// Events for a failure after the stream started (it ends after them).
     fn failed(&mut self, err: ApiError) -> String;
+    /// Log-probabilities of the tokens behind the next output (streams that report them
+    /// attach them to their next chunk).
+    fn logprobs(&mut self, entries: Vec<super::generation::LogprobEntry>) {
+        let _ = entries;
+    }
     /// A keep-alive while nothing happens (an SSE comment unless the API has a ping).
     fn idle(&mut self) -> String {
         ": keep-alive\n\n".into()
@@ -53,7 +58,13 @@ pub fn response<E: Encoder>(run: Run, enc: E) -> Response {
         loop {
             let run = d.run.as_mut()?;
             let frame = match run.next().await {
-                Some(Step::Output(items)) => d.enc.output(items),
+                Some(Step::Output(items)) => {
+                    let lp = run.take_logprobs();
+                    if !lp.is_empty() {
+                        d.enc.logprobs(lp);
+                    }
+                    d.enc.output(items)
+                }
                 Some(Step::Idle) => d.enc.idle(),
                 Some(Step::Done(o)) => {
                     d.run = None;

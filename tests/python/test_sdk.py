@@ -114,6 +114,25 @@ def chat_completion_stream_with_usage():
 
 
 @test
+def chat_completion_logprobs_streamed_and_not():
+    args = dict(model=MODEL, messages=[{"role": "user", "content": "Hello!"}], max_tokens=6, temperature=0,
+                logprobs=True, top_logprobs=3, extra_body={"ignore_eos": True})
+    r = oa.chat.completions.create(**args)
+    content = r.choices[0].logprobs.content
+    assert len(content) == r.usage.completion_tokens == 6, len(content)
+    for t in content:
+        assert t.logprob <= 0 and len(t.top_logprobs) == 3
+        assert abs(t.logprob - t.top_logprobs[0].logprob) < 1e-6  # greedy picks the best
+    streamed = []
+    for chunk in oa.chat.completions.create(stream=True, **args):
+        for c in chunk.choices:
+            if c.logprobs and c.logprobs.content:
+                streamed.extend(c.logprobs.content)
+    assert [t.token for t in streamed] == [t.token for t in content]
+    assert all(abs(a.logprob - b.logprob) < 1e-5 for a, b in zip(streamed, content))
+
+
+@test
 def chat_completion_with_tools_and_tool_history():
     r = oa.chat.completions.create(
         model=MODEL,
