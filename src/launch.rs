@@ -3,7 +3,8 @@
 //! Each agent is configured the way it is documented to be configured, without writing to
 //! the user's own settings files: Claude Code by environment variables, Codex by `-c`
 //! overrides defining a model provider that speaks the Responses API, OpenCode by an
-//! inline configuration (`OPENCODE_CONFIG_CONTENT`) with an OpenAI-compatible provider.
+//! inline configuration (`OPENCODE_CONFIG_CONTENT`) with an OpenAI-compatible provider,
+//! Qwen Code by its documented `OPENAI_*` variables.
 //! Cloud API keys are removed from the agent's environment so that nothing it does can
 //! reach (and bill) a cloud account by accident.
 
@@ -21,6 +22,9 @@ pub enum Agent {
     Codex,
     /// OpenCode (`opencode`), through the OpenAI chat completions API.
     Opencode,
+    /// Qwen Code (`qwen`), through the OpenAI chat completions API.
+    #[value(name = "qwen-code")]
+    QwenCode,
 }
 
 impl Agent {
@@ -30,8 +34,29 @@ impl Agent {
             Agent::Claude => "claude",
             Agent::Codex => "codex",
             Agent::Opencode => "opencode",
+            Agent::QwenCode => "qwen",
         }
     }
+
+    /// The npm package that installs it.
+    pub fn npm_package(self) -> &'static str {
+        match self {
+            Agent::Claude => "@anthropic-ai/claude-code",
+            Agent::Codex => "@openai/codex",
+            Agent::Opencode => "opencode-ai",
+            Agent::QwenCode => "@qwen-code/qwen-code",
+        }
+    }
+}
+
+/// Where `program` would run from: itself when it names a path, else the first match on
+/// `PATH` (`None`: not installed).
+pub fn find_program(program: &str, path: Option<&std::ffi::OsStr>) -> Option<std::path::PathBuf> {
+    let p = std::path::Path::new(program);
+    if p.components().count() > 1 {
+        return p.is_file().then(|| p.to_path_buf());
+    }
+    std::env::split_paths(path?).map(|d| d.join(program)).find(|c| c.is_file())
 }
 
 /// Cloud credentials and switches removed from the agent's environment.
@@ -134,9 +159,15 @@ pub fn plan(agent: Agent, t: &Target, program: Option<&str>, extra_args: &[Strin
             });
             s("OPENCODE_CONFIG_CONTENT", &cfg.to_string());
         }
+        Agent::QwenCode => {
+            s("OPENAI_API_KEY", &key);
+            s("OPENAI_BASE_URL", &format!("{}/v1", t.base_url));
+            s("OPENAI_MODEL", &t.model);
+        }
     }
     args.extend(extra_args.iter().cloned());
-    let unset = CLOUD_VARS.iter().filter(|v| present(v)).map(|v| v.to_string()).collect();
+    // A variable the agent is given is not also listed as removed.
+    let unset = CLOUD_VARS.iter().filter(|v| present(v) && !set.iter().any(|(k, _)| k == *v)).map(|v| v.to_string()).collect();
     Plan { program: program.unwrap_or(agent.program()).to_string(), args, set, unset }
 }
 
@@ -279,6 +310,31 @@ mod tests {
         let model = p.args.iter().find_map(|a| a.strip_prefix("model=")).expect("model override");
         let v: toml::Table = toml::from_str(&format!("m = {model}")).expect("valid TOML");
         assert_eq!(v["m"].as_str(), Some("we\"ird"));
+    }
+
+    #[test]
+    fn qwen_code_gets_the_local_server_by_its_openai_variables() {
+        let p = plan(Agent::QwenCode, &target(), None, &[], &|v| v == "OPENAI_API_KEY" || v == "ANTHROPIC_API_KEY");
+        assert_eq!(p.program, "qwen");
+        let get = |k: &str| p.set.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str());
+        assert_eq!(get("OPENAI_BASE_URL"), Some("http://127.0.0.1:8080/v1"));
+        assert_eq!(get("OPENAI_API_KEY"), Some(NO_KEY));
+        assert_eq!(get("OPENAI_MODEL"), Some(target().model.as_str()));
+        assert_eq!(p.unset, vec!["ANTHROPIC_API_KEY".to_string()], "a set variable is not also removed");
+        assert!(p.shell().contains("export OPENAI_BASE_URL=") && !p.shell().contains("unset OPENAI_API_KEY"));
+    }
+
+    #[test]
+    fn programs_are_found_on_path_or_by_path() {
+        let dir = std::env::temp_dir().join(format!("ft-actor-find-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("qwen"), "").unwrap();
+        let path = std::env::join_paths([std::path::Path::new("/nonexistent"), &dir]).unwrap();
+        assert_eq!(find_program("qwen", Some(&path)), Some(dir.join("qwen")));
+        assert_eq!(find_program("claude", Some(&path)), None);
+        assert_eq!(find_program(dir.join("qwen").to_str().unwrap(), None), Some(dir.join("qwen")));
+        assert_eq!(find_program("qwen", None), None);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

@@ -135,6 +135,16 @@ fn launch_dry_run_without_a_server() {
     assert_eq!(v["provider"]["ft-actor"]["options"]["baseURL"], format!("http://127.0.0.1:{port}/v1"));
     assert_eq!(v["model"], "ft-actor/ft-actor-demo");
     assert!(out.trim_end().ends_with("opencode"), "{out}");
+
+    let (ok, out, err) = run(bin().args(["launch", "qwen-code", "--dry-run", "--port", &port]));
+    assert!(ok, "{err}");
+    assert!(out.contains(&format!("export OPENAI_BASE_URL=http://127.0.0.1:{port}/v1")) && out.contains("export OPENAI_MODEL=ft-actor-demo"), "{out}");
+    assert!(out.trim_end().ends_with("qwen"), "{out}");
+
+    // Without --dry-run, a missing agent is named with how to install it, before any server starts.
+    let (ok, _, err) = run(bin().args(["launch", "qwen-code", "--port", &port]).env("PATH", "/nonexistent"));
+    assert!(!ok && err.contains("`qwen` is not installed") && err.contains("npm install -g @qwen-code/qwen-code"), "{err}");
+    assert!(!err.contains("starting the server"), "{err}");
 }
 
 /// `ft-actor serve` on a free port; returns the child and its base URL once it listens.

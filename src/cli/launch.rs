@@ -20,7 +20,7 @@ pub struct LaunchArgs {
     /// Use the server at this URL (default: host and port from the configuration).
     #[arg(long, value_name = "URL")]
     url: Option<String>,
-    /// The agent's program (default: claude, codex or opencode from PATH).
+    /// The agent's program (default: claude, codex, opencode or qwen from PATH).
     #[arg(long, value_name = "PATH")]
     agent_bin: Option<String>,
     /// Seconds to wait for a server this command starts to load its model.
@@ -49,6 +49,14 @@ impl Drop for Started {
 
 /// Runs `ft-actor launch`.
 pub fn run(a: LaunchArgs) -> Result<()> {
+    // Before anything starts: a missing agent should not cost a model load.
+    let program = a.agent_bin.as_deref().unwrap_or(a.agent.program());
+    if !a.dry_run && crate::launch::find_program(program, std::env::var_os("PATH").as_deref()).is_none() {
+        bail!(
+            "`{program}` is not installed (not on PATH); install it with `npm install -g {}`, or give its path with --agent-bin",
+            a.agent.npm_package()
+        );
+    }
     let cfg = a.cfg.load()?;
     let base = a.url.clone().unwrap_or_else(|| cfg.server.base_url());
     let base = base.trim_end_matches('/').trim_end_matches("/v1").to_string();
