@@ -6,6 +6,7 @@
 //! and presence penalties and logit bias, then temperature, then top-k, top-p and min-p on
 //! the resulting distribution, then one draw from what is left.
 
+pub mod grammar;
 mod logprobs;
 mod penalties;
 mod rng;

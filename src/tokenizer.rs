@@ -350,6 +350,35 @@ impl Tokenizer {
         self.inner.id_to_token(id)
     }
 
+    /// The bytes each id stands for, indexed by id (for the token trie of constrained
+    /// decoding): byte-level BPE symbols mapped back to bytes, SentencePiece's `▁` to a space
+    /// and `<0xNN>` to its byte; special tokens as `0xFF` + their text, which is how the trie
+    /// tells them from text. Ids with no token are empty.
+    pub fn token_bytes(&self) -> Vec<Vec<u8>> {
+        let decoder = serde_json::to_value(self.inner.get_decoder()).map(|d| d.to_string()).unwrap_or_default();
+        let byte_level = decoder.contains("\"ByteLevel\"");
+        let unicode_to_byte: std::collections::HashMap<char, u8> = byte_level_chars().into_iter().map(|(b, c)| (c, b)).collect();
+        let added = self.inner.get_added_tokens_decoder();
+        let mut out = vec![Vec::new(); self.vocab_size];
+        for (token, id) in self.inner.get_vocab(true) {
+            let Some(slot) = out.get_mut(id as usize) else { continue };
+            *slot = match added.get(&id) {
+                Some(t) if t.special => [&[0xFF][..], t.content.as_bytes()].concat(),
+                Some(t) => t.content.as_bytes().to_vec(),
+                None if byte_level => token
+                    .chars()
+                    .map(|c| unicode_to_byte.get(&c).copied())
+                    .collect::<Option<Vec<u8>>>()
+                    .unwrap_or_else(|| token.as_bytes().to_vec()),
+                None => match token.strip_prefix("<0x").and_then(|h| h.strip_suffix('>')).and_then(|h| u8::from_str_radix(h, 16).ok()) {
+                    Some(b) if token.len() == 6 => vec![b],
+                    _ => token.replace('\u{2581}', " ").into_bytes(),
+                },
+            };
+        }
+        out
+    }
+
     /// Largest token id plus one (model vocabulary and added tokens).
     pub fn vocab_size(&self) -> usize {
         self.vocab_size
@@ -642,4 +671,21 @@ mod tests {
             Err(TokenizerError::UnknownToken(_))
         ));
     }
+}
+
+/// GPT-2's byte-level alphabet: each byte and the printable character standing for it.
+fn byte_level_chars() -> Vec<(u8, char)> {
+    let printable = |b: u8| matches!(b, b'!'..=b'~' | 0xA1..=0xAC | 0xAE..=0xFF);
+    let mut next = 256u32;
+    (0..=255u8)
+        .map(|b| {
+            if printable(b) {
+                (b, b as char)
+            } else {
+                let c = char::from_u32(next).unwrap_or('\u{FFFD}');
+                next += 1;
+                (b, c)
+            }
+        })
+        .collect()
 }

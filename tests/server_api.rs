@@ -366,6 +366,66 @@ fn logprobs_are_reported_in_each_apis_shape() {
     openai_error(&post("/v1/chat/completions", &chat(json!({"logprobs": true, "top_logprobs": 21}))), 400, Some("top_logprobs"));
 }
 
+/// A weather tool whose arguments are finite (an enum and a bounded integer): a random
+/// model under the grammar must still end them.
+fn weather_tool() -> Value {
+    json!({"type": "function", "function": {"name": "get_weather", "description": "Weather for a city",
+        "parameters": {"type": "object", "properties": {
+            "city": {"type": "string", "enum": ["Paris", "Rome", "Oslo"]},
+            "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+        "required": ["city", "days"], "additionalProperties": false}}})
+}
+
+fn assert_weather_args(args: &Value) {
+    assert!(["Paris", "Rome", "Oslo"].contains(&args["city"].as_str().unwrap_or("")), "{args}");
+    assert!(args["days"].as_i64().is_some_and(|d| (1..=7).contains(&d)), "{args}");
+    assert_eq!(args.as_object().map(|o| o.len()), Some(2), "{args}");
+}
+
+#[test]
+fn forced_tool_calls_and_json_schemas_are_obeyed_by_a_random_model() {
+    for choice in [json!("required"), json!({"type": "function", "function": {"name": "get_weather"}})] {
+        let mut body = chat(json!({"tools": [weather_tool(), {"type": "function", "function": {"name": "other", "parameters": {"type": "object", "properties": {}, "additionalProperties": false}}}],
+            "tool_choice": choice, "max_tokens": 200}));
+        body["messages"] = json!([{"role": "user", "content": "weather?"}]);
+        let o = post("/v1/chat/completions", &body);
+        assert_eq!(o.status, StatusCode::OK, "{}", o.text);
+        let c = &o.body["choices"][0];
+        assert_eq!(c["finish_reason"], "tool_calls", "{}", o.text);
+        let call = &c["message"]["tool_calls"][0]["function"];
+        if choice.is_object() {
+            assert_eq!(call["name"], "get_weather");
+        }
+        if call["name"] == "get_weather" {
+            let args: Value = serde_json::from_str(call["arguments"].as_str().expect("arguments string")).expect("arguments are JSON");
+            assert_weather_args(&args);
+        }
+    }
+    // Anthropic: tool_choice `tool`.
+    let body = message(json!({"tools": [{"name": "get_weather", "description": "Weather", "input_schema": weather_tool()["function"]["parameters"]}],
+        "tool_choice": {"type": "tool", "name": "get_weather"}, "max_tokens": 200}));
+    let o = post("/v1/messages", &body);
+    assert_eq!(o.status, StatusCode::OK, "{}", o.text);
+    assert_eq!(o.body["stop_reason"], "tool_use", "{}", o.text);
+    let block = o.body["content"].as_array().unwrap().iter().find(|b| b["type"] == "tool_use").expect("a tool_use block").clone();
+    assert_eq!(block["name"], "get_weather");
+    assert_weather_args(&block["input"]);
+    // A JSON schema response.
+    let schema = weather_tool()["function"]["parameters"].clone();
+    let mut body = chat(json!({"response_format": {"type": "json_schema", "json_schema": {"name": "w", "schema": schema, "strict": true}}, "max_tokens": 200}));
+    body["messages"] = json!([{"role": "user", "content": "weather?"}]);
+    let o = post("/v1/chat/completions", &body);
+    assert_eq!(o.status, StatusCode::OK, "{}", o.text);
+    assert_eq!(o.body["choices"][0]["finish_reason"], "stop", "{}", o.text);
+    let v: Value = serde_json::from_str(o.body["choices"][0]["message"]["content"].as_str().unwrap()).expect("the reply is JSON");
+    assert_weather_args(&v);
+    // Bad schemas and unknown formats are 400s naming the field.
+    let mut bad = chat(json!({"response_format": {"type": "json_schema", "json_schema": {"name": "w", "schema": {"type": "frobnicate"}}}}));
+    bad["messages"] = json!([{"role": "user", "content": "x"}]);
+    openai_error(&post("/v1/chat/completions", &bad), 400, Some("response_format"));
+    openai_error(&post("/v1/chat/completions", &chat(json!({"response_format": {"type": "yaml"}}))), 400, Some("response_format.type"));
+}
+
 #[test]
 fn tool_history_round_trips_through_the_template() {
     // An assistant tool call and its result in the history, in each API's shape.

@@ -33,6 +33,8 @@ pub struct SeqSpec {
     pub return_logits: bool,
     /// Return each token's log-probability and this many alternatives'.
     pub logprobs: Option<usize>,
+    /// What the output must match (constrained decoding).
+    pub constraint: Option<crate::sampling::grammar::Constraint>,
 }
 
 /// The result of one step.
@@ -142,6 +144,7 @@ struct Seq {
     history: Vec<u32>,
     return_logits: bool,
     logprobs: Option<usize>,
+    constraint: Option<crate::sampling::grammar::Constraint>,
     /// State length at the last recorded anchor.
     last_anchor: usize,
     /// A step failed, so the state may not match `history`: never save it.
@@ -227,7 +230,16 @@ impl Worker {
             let mut state = SequenceState::new(&self.args.model, spec.capacity)?;
             cached = self.args.reuse.restore(&tokens, &mut state);
             let sampler = Sampler::new(spec.sampling).map_err(|e| ModelError::Invalid(e.to_string()))?;
-            let s = Seq { state, sampler, history: vec![], return_logits: spec.return_logits, logprobs: spec.logprobs, last_anchor: cached, broken: false };
+            let s = Seq {
+                state,
+                sampler,
+                history: vec![],
+                return_logits: spec.return_logits,
+                logprobs: spec.logprobs,
+                constraint: spec.constraint,
+                last_anchor: cached,
+                broken: false,
+            };
             self.seqs.insert(seq, s);
         }
         let s = self.seqs.get_mut(&seq).ok_or_else(unknown_seq)?;
@@ -242,7 +254,20 @@ impl Worker {
         let messaging_before = self.run.messaging_s;
         let phase_before = self.run.expert_phase_s;
         let read_before = crate::model::reads::total();
-        let logits = if prompt { self.prefill(seq, &tokens, cached)? } else { self.forward(seq, &tokens, Logits::Last)? };
+        // The grammar's mask for this step is computed beside the forward pass, not after it.
+        let mut constraint = self.seqs.get_mut(&seq).and_then(|s| s.constraint.take());
+        let (logits, mask) = std::thread::scope(|scope| {
+            let mask = constraint.as_mut().map(|c| scope.spawn(move || c.mask()));
+            let logits = if prompt { self.prefill(seq, &tokens, cached) } else { self.forward(seq, &tokens, Logits::Last) };
+            (logits, mask.map(|h| h.join()))
+        });
+        let logits = logits?;
+        let mask = match mask {
+            None => None,
+            Some(Ok(Ok(m))) => Some(m),
+            Some(Ok(Err(e))) => return Err(ModelError::Invalid(e.to_string())),
+            Some(Err(_)) => return Err(ModelError::Invalid("constrained decoding failed".into())),
+        };
         self.dev.steps += 1;
         if !prompt {
             self.dev.decode_steps += 1;
@@ -256,7 +281,18 @@ impl Worker {
             }
         }
         let s = self.seqs.get_mut(&seq).ok_or_else(unknown_seq)?;
-        let token = s.sampler.sample(&logits, &s.history);
+        let token = match &mask {
+            Some(m) => {
+                let mut allowed = logits.clone();
+                m.apply(&mut allowed);
+                s.sampler.sample(&allowed, &s.history)
+            }
+            None => s.sampler.sample(&logits, &s.history),
+        };
+        if let Some(c) = constraint.as_mut() {
+            c.consume(token).map_err(|e| ModelError::Invalid(e.to_string()))?;
+        }
+        s.constraint = constraint;
         s.history.push(token);
         let logprobs = s.logprobs.map(|n| crate::sampling::token_logprobs(&logits, token, n));
         Ok(StepOutput { token, logits: s.return_logits.then_some(logits), cached, logprobs })
@@ -373,7 +409,7 @@ impl Worker {
                         const SCRATCH: u64 = u64::MAX;
                         let state = SequenceState::new(&self.args.model, prompt.len())?;
                         let sampler = Sampler::new(SamplingParams::greedy()).map_err(|e| ModelError::Invalid(e.to_string()))?;
-                        let s = Seq { state, sampler, history: vec![], return_logits: false, logprobs: None, last_anchor: 0, broken: false };
+                        let s = Seq { state, sampler, history: vec![], return_logits: false, logprobs: None, constraint: None, last_anchor: 0, broken: false };
                         self.seqs.insert(SCRATCH, s);
                         let r = self.forward(SCRATCH, &prompt, Logits::All);
                         self.seqs.remove(&SCRATCH);

@@ -137,6 +137,7 @@ async fn generate_with(engine: &EngineHandle, a: &GenerateArgs) -> Result<()> {
         ignore_eos: a.ignore_eos,
         return_logits: false,
         logprobs: None,
+        constraint: None,
     };
     let mut stream = engine.generate(req).await?;
     let mut ids = vec![];

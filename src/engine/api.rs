@@ -116,6 +116,8 @@ pub struct EngineRequest {
     /// Send each token's log-probability and the `n` most likely alternatives' (`Some(0)`:
     /// the token's alone).
     pub logprobs: Option<usize>,
+    /// What the output must match ([`super::EngineHandle::compile_grammar`]).
+    pub constraint: Option<crate::sampling::grammar::Constraint>,
 }
 
 impl EngineRequest {
@@ -130,6 +132,7 @@ impl EngineRequest {
             ignore_eos: false,
             return_logits: false,
             logprobs: None,
+            constraint: None,
         }
     }
 }

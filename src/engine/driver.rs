@@ -184,6 +184,7 @@ impl EngineDriver {
             sampling: seq.req.sampling.clone(),
             return_logits: seq.req.return_logits,
             logprobs: seq.req.logprobs,
+            constraint: seq.req.constraint.take(),
         });
         seq.started = true;
         let id = seq.id;

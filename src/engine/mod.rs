@@ -44,7 +44,11 @@ pub struct EngineHandle {
     info: Arc<EngineInfo>,
     tokenizer: Option<Arc<Tokenizer>>,
     faults: Arc<crate::actors::faults::FaultInjector>,
+    /// The token trie for constrained decoding, built on first use.
+    grammar: Arc<std::sync::OnceLock<Result<Arc<GrammarEnv>, GrammarError>>>,
 }
+
+use crate::sampling::grammar::{Constraint, GrammarEnv, GrammarError, GrammarSpec};
 
 /// Tokens of one generation as they are produced. Dropping it cancels the generation.
 pub struct GenerationStream {
@@ -134,6 +138,21 @@ impl EngineHandle {
     /// and `serve --fault-injection`, to check that a fault fails only its own request.
     pub fn inject_faults(&self, counts: crate::actors::faults::FaultCounts) {
         self.faults.arm(counts);
+    }
+
+    /// A matcher for `spec` over this model's tokenizer, for [`EngineRequest::constraint`].
+    /// The first call builds the token trie (off the async runtime).
+    pub async fn compile_grammar(&self, spec: GrammarSpec) -> Result<Constraint, EngineError> {
+        let (cell, tok, info) = (self.grammar.clone(), self.tokenizer.clone(), self.info.clone());
+        let job = move || {
+            let env = cell.get_or_init(|| {
+                let tok = tok.ok_or_else(|| GrammarError("constrained decoding needs the model's tokenizer".into()))?;
+                let eos = tok.eos_token_id().or(info.eos_ids.first().copied()).ok_or_else(|| GrammarError("the model has no end-of-sequence id".into()))?;
+                GrammarEnv::new(tok.token_bytes(), info.config.vocab_size, eos).map(Arc::new)
+            });
+            env.as_ref().map_err(|e| EngineError::Internal(e.to_string()))?.compile(&spec).map_err(|e| EngineError::InvalidRequest(e.to_string()))
+        };
+        tokio::task::spawn_blocking(job).await.map_err(|e| EngineError::Internal(e.to_string()))?
     }
 
     /// Disarms every fault not yet fired.

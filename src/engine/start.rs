@@ -244,5 +244,5 @@ pub(super) async fn spawn(
     for cell in [device.get_cell(), router.get_cell(), cpu.get_cell(), transfer.get_cell(), cache.get_cell()] {
         cell.link(driver.get_cell());
     }
-    Ok(EngineHandle { driver, info, tokenizer, faults })
+    Ok(EngineHandle { driver, info, tokenizer, faults, grammar: Default::default() })
 }

@@ -72,7 +72,13 @@ pub async fn messages(State(state): State<AppState>, headers: HeaderMap, body: B
     check_fields(&state, &body, FIELDS, beta(&headers))?;
     let req: Request = parse_request(body)?;
     state.check_model(req.model.as_deref())?;
-    let conv = conversation(req.system.as_ref(), &req.messages, &req.tools, req.tool_choice.as_ref(), req.thinking.as_ref())?;
+    let mut conv = conversation(req.system.as_ref(), &req.messages, &req.tools, req.tool_choice.as_ref(), req.thinking.as_ref())?;
+    let grammar = super::constrain::tool_call(req.tool_choice.as_ref(), &conv.tools, state.format.tools)?;
+    if grammar.is_some() {
+        // A forced call starts the answer: no thinking block before it (as the API itself
+        // does not allow extended thinking with a forced tool_choice).
+        conv.enable_thinking = Some(false);
+    }
     let prompt = conv.clone().render(&state).await?;
     let params = GenParams {
         prompt: prompt.ids.clone(),
@@ -88,6 +94,7 @@ pub async fn messages(State(state): State<AppState>, headers: HeaderMap, body: B
         ignore_eos: false,
         parser: conv.parser_options(&state, &prompt),
         logprobs: None,
+        grammar: grammar.map(|g| (g, "tool_choice")),
     };
     let prompt_len = params.prompt.len();
     let run = Run::start(&state, params).await?;

@@ -92,6 +92,7 @@ pub async fn create(State(state): State<AppState>, body: Body) -> Result<Respons
         ignore_eos: req.ignore_eos.unwrap_or(false),
         parser: ParserOptions { raw: true, ..Default::default() },
         logprobs: req.logprobs.map(|n| n as usize),
+        grammar: None,
     };
     let run = Run::start(&state, params).await?;
     let id = new_id("cmpl-");

@@ -28,6 +28,8 @@ pub struct GenParams {
     pub parser: ParserOptions,
     /// Report each token's log-probability and this many alternatives'.
     pub logprobs: Option<usize>,
+    /// What the output must match, and the request field that asked for it.
+    pub grammar: Option<(crate::sampling::grammar::GrammarSpec, &'static str)>,
 }
 
 /// One generated token's log-probability as the APIs report it.
@@ -149,6 +151,13 @@ impl Run {
             return Err(prompt_too_long(p.prompt.len(), context));
         }
         p.sampling.validate().map_err(|e| ApiError::invalid(sampling_param(&e), e.to_string()))?;
+        let constraint = match p.grammar {
+            None => None,
+            Some((spec, param)) => Some(state.engine.compile_grammar(spec).await.map_err(|e| match e {
+                crate::engine::EngineError::InvalidRequest(m) => ApiError::invalid(param, m),
+                e => ApiError::from(e),
+            })?),
+        };
         let room = context - p.prompt.len();
         let max_tokens = p.max_tokens.or(state.settings.default_max_tokens).unwrap_or(room).min(room);
         let req = EngineRequest {
@@ -160,6 +169,7 @@ impl Run {
             ignore_eos: p.ignore_eos,
             return_logits: false,
             logprobs: p.logprobs,
+            constraint,
         };
         let stream = state.engine.generate(req).await?;
         let idle = (state.settings.keepalive_secs > 0).then(|| Duration::from_secs(state.settings.keepalive_secs));

@@ -17,6 +17,7 @@ pub mod completions;
 pub mod errors;
 #[cfg(test)]
 mod encoder_tests;
+mod constrain;
 mod generation;
 pub mod metrics;
 pub mod openai;

@@ -81,11 +81,18 @@ pub async fn chat_completions(State(state): State<AppState>, body: Body) -> Resu
         (true, n) => Some(n.unwrap_or(0) as usize),
         (false, _) => None,
     };
-    check_response_format(req.response_format.as_ref())?;
     let tools = function_tools(req.tools.as_deref().unwrap_or_default(), "tools")?;
     let tools_off = tool_choice_off(req.tool_choice.as_ref(), &tools, "tool_choice")?;
+    let grammar = match super::constrain::tool_call(req.tool_choice.as_ref(), &tools, state.format.tools)? {
+        Some(g) => Some((g, "tool_choice")),
+        None => super::constrain::response_format(req.response_format.as_ref())?.map(|g| (g, "response_format")),
+    };
     let mut extra = req.chat_template_kwargs.clone().unwrap_or_default();
-    let enable_thinking = extra.remove("enable_thinking").and_then(|v| v.as_bool());
+    let mut enable_thinking = extra.remove("enable_thinking").and_then(|v| v.as_bool());
+    if grammar.is_some() {
+        // The grammar starts at the answer: no reasoning block before it.
+        enable_thinking = Some(false);
+    }
     if let Some(e) = &req.reasoning_effort {
         extra.entry("reasoning_effort").or_insert(Value::String(e.clone()));
     }
@@ -111,6 +118,7 @@ pub async fn chat_completions(State(state): State<AppState>, body: Body) -> Resu
         ignore_eos: req.ignore_eos.unwrap_or(false),
         parser,
         logprobs,
+        grammar,
     };
     let run = Run::start(&state, params).await?;
     let id = new_id("chatcmpl-");
@@ -129,14 +137,6 @@ pub async fn chat_completions(State(state): State<AppState>, body: Body) -> Resu
 
 fn max_tokens_param(req: &ChatRequest) -> &'static str {
     if req.max_completion_tokens.is_some() { "max_completion_tokens" } else { "max_tokens" }
-}
-
-/// Only plain text output exists (no constrained decoding).
-fn check_response_format(v: Option<&Value>) -> Result<(), ApiError> {
-    match v.and_then(|f| f.get("type")).and_then(Value::as_str) {
-        None | Some("text") => Ok(()),
-        Some(t) => Err(ApiError::invalid("response_format", format!("response_format `{t}` is not supported (only `text`)"))),
-    }
 }
 
 /// OpenAI chat messages → chat-template messages.
@@ -263,8 +263,7 @@ pub(crate) fn template_tool(f: &Value, param: &str) -> Result<Value, ApiError> {
 }
 
 /// `tool_choice`: `none` turns tool calls off; a named tool must be one of the tools.
-/// `required` and named choices cannot be enforced without constrained decoding; the
-/// model is offered the tools and usually complies.
+/// `required` and named choices are enforced by a grammar ([`super::constrain`]).
 pub(crate) fn tool_choice_off(choice: Option<&Value>, tools: &[Value], param: &str) -> Result<bool, ApiError> {
     let named = |name: Option<&str>| -> Result<bool, ApiError> {
         let name = name.ok_or_else(|| ApiError::invalid(param, "a named tool_choice needs the function's name"))?;

@@ -148,6 +148,7 @@ pub async fn create(State(state): State<AppState>, body: Body) -> Result<Respons
         ignore_eos: false,
         parser: conv.parser_options(&state, &prompt),
         logprobs: None,
+        grammar: None,
     };
     let run = Run::start(&state, params).await?;
     let echo = Echo {

@@ -132,6 +132,47 @@ def chat_completion_logprobs_streamed_and_not():
     assert all(abs(a.logprob - b.logprob) < 1e-5 for a, b in zip(streamed, content))
 
 
+BOUNDED = {"type": "object", "properties": {"city": {"type": "string", "enum": ["Paris", "Rome", "Oslo"]},
+           "days": {"type": "integer", "minimum": 1, "maximum": 7}}, "required": ["city", "days"], "additionalProperties": False}
+
+
+def check_bounded(args):
+    assert args["city"] in ("Paris", "Rome", "Oslo") and 1 <= args["days"] <= 7 and len(args) == 2, args
+
+
+@test
+def forced_tool_calls_and_json_schema_on_both_apis():
+    tool = {"type": "function", "function": {"name": "get_weather", "parameters": BOUNDED, "strict": True}}
+    args = dict(model=MODEL, messages=[{"role": "user", "content": "weather?"}], max_tokens=200, tools=[tool],
+                tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    r = oa.chat.completions.create(**args)
+    call = r.choices[0].message.tool_calls[0]
+    assert r.choices[0].finish_reason == "tool_calls" and call.function.name == "get_weather"
+    check_bounded(json.loads(call.function.arguments))
+    parts, finish = [], None
+    for chunk in oa.chat.completions.create(stream=True, **args):
+        for c in chunk.choices:
+            for tc in c.delta.tool_calls or []:
+                parts.append(tc.function.arguments or "")
+            finish = c.finish_reason or finish
+    assert finish == "tool_calls", finish
+    check_bounded(json.loads("".join(parts)))
+    r = oa.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "weather?"}], max_tokens=200,
+                                   response_format={"type": "json_schema", "json_schema": {"name": "w", "schema": BOUNDED, "strict": True}})
+    check_bounded(json.loads(r.choices[0].message.content))
+    for stream in (False, True):
+        kw = dict(model=MODEL, max_tokens=200, messages=[{"role": "user", "content": "weather?"}],
+                  tools=[{"name": "get_weather", "description": "Weather", "input_schema": BOUNDED}], tool_choice={"type": "any"})
+        if stream:
+            with an.messages.stream(**kw) as s:
+                m = s.get_final_message()
+        else:
+            m = an.messages.create(**kw)
+        uses = [b for b in m.content if b.type == "tool_use"]
+        assert m.stop_reason == "tool_use" and uses and uses[0].name == "get_weather", m
+        check_bounded(uses[0].input)
+
+
 @test
 def chat_completion_with_tools_and_tool_history():
     r = oa.chat.completions.create(
