@@ -419,6 +419,21 @@ fn forced_tool_calls_and_json_schemas_are_obeyed_by_a_random_model() {
     assert_eq!(o.body["choices"][0]["finish_reason"], "stop", "{}", o.text);
     let v: Value = serde_json::from_str(o.body["choices"][0]["message"]["content"].as_str().unwrap()).expect("the reply is JSON");
     assert_weather_args(&v);
+    // The Responses API: text.format and a named function.
+    let o = post("/v1/responses", &json!({"input": "weather?", "max_output_tokens": 200,
+        "text": {"format": {"type": "json_schema", "name": "w", "schema": schema, "strict": true}}}));
+    assert_eq!(o.status, StatusCode::OK, "{}", o.text);
+    let text = o.body["output"].as_array().unwrap().iter().find(|i| i["type"] == "message").expect("message")["content"][0]["text"].clone();
+    assert_weather_args(&serde_json::from_str(text.as_str().unwrap()).expect("JSON reply"));
+    let f = weather_tool()["function"].clone();
+    let o = post("/v1/responses", &json!({"input": "weather?", "max_output_tokens": 200,
+        "tools": [{"type": "function", "name": "get_weather", "parameters": f["parameters"]}], "tool_choice": {"type": "function", "name": "get_weather"}}));
+    assert_eq!(o.status, StatusCode::OK, "{}", o.text);
+    let call = o.body["output"].as_array().unwrap().iter().find(|i| i["type"] == "function_call").expect("a function call").clone();
+    assert_eq!(call["name"], "get_weather");
+    assert_weather_args(&serde_json::from_str(call["arguments"].as_str().unwrap()).expect("JSON arguments"));
+    let bad = post("/v1/responses", &json!({"input": "x", "text": {"format": {"type": "yaml"}}}));
+    openai_error(&bad, 400, Some("text.format.type"));
     // Bad schemas and unknown formats are 400s naming the field.
     let mut bad = chat(json!({"response_format": {"type": "json_schema", "json_schema": {"name": "w", "schema": {"type": "frobnicate"}}}}));
     bad["messages"] = json!([{"role": "user", "content": "x"}]);

@@ -105,13 +105,14 @@ pub async fn create(State(state): State<AppState>, body: Body) -> Result<Respons
     if req.prompt.as_ref().is_some_and(|p| !p.is_null()) {
         return Err(ApiError::invalid("prompt", "stored prompt templates are not supported; send instructions and input").into());
     }
-    if let Some(f) = req.text.as_ref().and_then(|t| t.pointer("/format/type")).and_then(Value::as_str) {
-        if f != "text" {
-            return Err(ApiError::invalid("text.format", format!("text format `{f}` is not supported (only `text`)")).into());
-        }
-    }
     let (tools, custom) = responses_tools(&req.tools)?;
     let tools_off = tool_choice_off(req.tool_choice.as_ref(), &tools, "tool_choice")?;
+    let grammar = match super::constrain::tool_call(req.tool_choice.as_ref(), &tools, state.format.tools)? {
+        Some(g) => Some((g, "tool_choice")),
+        None => super::constrain::response_format(req.text.as_ref().and_then(|t| t.get("format")))
+            .map_err(|e| ApiError { param: e.param.map(|p| p.replace("response_format", "text.format")), ..e })?
+            .map(|g| (g, "text.format")),
+    };
     let mut conversation = match &req.previous_response_id {
         Some(prev) => state.responses.get(prev).ok_or_else(|| not_found("response", prev))?.conversation,
         None => vec![],
@@ -128,7 +129,8 @@ pub async fn create(State(state): State<AppState>, body: Body) -> Result<Respons
         extra.insert("reasoning_effort".into(), e.into());
     }
     // Effort "none" (or "minimal") asks for an answer without reasoning.
-    let enable_thinking = matches!(effort, Some("none" | "minimal")).then_some(false);
+    // A grammar starts at the answer, too.
+    let enable_thinking = (matches!(effort, Some("none" | "minimal")) || grammar.is_some()).then_some(false);
     let conv = Conversation { messages, tools, tools_off, enable_thinking, extra };
     let prompt = conv.clone().render(&state).await?;
     let params = GenParams {
@@ -148,7 +150,7 @@ pub async fn create(State(state): State<AppState>, body: Body) -> Result<Respons
         ignore_eos: false,
         parser: conv.parser_options(&state, &prompt),
         logprobs: None,
-        grammar: None,
+        grammar,
     };
     let run = Run::start(&state, params).await?;
     let echo = Echo {
