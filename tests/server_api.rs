@@ -442,6 +442,32 @@ fn forced_tool_calls_and_json_schemas_are_obeyed_by_a_random_model() {
 }
 
 #[test]
+fn several_choices_are_separate_sequences() {
+    let mut body = chat(json!({"n": 3, "max_tokens": 6, "temperature": 1.0, "seed": 11, "ignore_eos": true}));
+    body["messages"] = json!([{"role": "user", "content": "hi"}]);
+    let o = post("/v1/chat/completions", &body);
+    assert_eq!(o.status, StatusCode::OK, "{}", o.text);
+    let choices = o.body["choices"].as_array().expect("choices");
+    assert_eq!(choices.len(), 3);
+    for (i, c) in choices.iter().enumerate() {
+        assert_eq!(c["index"], i);
+        assert!(c["message"]["content"].is_string());
+    }
+    assert_eq!(o.body["usage"]["completion_tokens"], 18);
+    let texts: std::collections::HashSet<&str> = choices.iter().map(|c| c["message"]["content"].as_str().unwrap()).collect();
+    assert!(texts.len() > 1, "sampled choices with offset seeds differ: {texts:?}");
+    // Reproducible: the same request gives the same choices.
+    assert_eq!(post("/v1/chat/completions", &body).body["choices"], o.body["choices"]);
+    let mut greedy = body.clone();
+    greedy["temperature"] = json!(0);
+    let g = post("/v1/chat/completions", &greedy);
+    let all: Vec<&Value> = g.body["choices"].as_array().unwrap().iter().map(|c| &c["message"]["content"]).collect();
+    assert!(all.iter().all(|t| *t == all[0]), "greedy choices are equal");
+    openai_error(&post("/v1/chat/completions", &chat(json!({"n": 9}))), 400, Some("n"));
+    openai_error(&post("/v1/chat/completions", &chat(json!({"n": 2, "stream": true}))), 400, Some("n"));
+}
+
+#[test]
 fn tool_history_round_trips_through_the_template() {
     // An assistant tool call and its result in the history, in each API's shape.
     let o = post("/v1/chat/completions", &chat(json!({"messages": [

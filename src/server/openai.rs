@@ -67,8 +67,12 @@ pub async fn chat_completions(State(state): State<AppState>, body: Body) -> Resu
     check_fields(&state, &body, CHAT_FIELDS, false)?;
     let req: ChatRequest = parse_request(body)?;
     state.check_model(req.model.as_deref())?;
-    if req.n.is_some_and(|n| n != 1) {
-        return Err(ApiError::invalid("n", "only n=1 is supported").into());
+    let n = req.n.unwrap_or(1);
+    if n == 0 || n > MAX_CHOICES {
+        return Err(ApiError::invalid("n", format!("n must be between 1 and {MAX_CHOICES}")).into());
+    }
+    if n > 1 && req.stream.unwrap_or(false) {
+        return Err(ApiError::invalid("n", "n > 1 is supported without stream").into());
     }
     if req.functions.as_ref().is_some_and(|f| !f.is_null()) {
         return Err(ApiError::invalid("functions", "the legacy `functions` parameter is not supported; use `tools`").into());
@@ -120,8 +124,11 @@ pub async fn chat_completions(State(state): State<AppState>, body: Body) -> Resu
         logprobs,
         grammar,
     };
-    let run = Run::start(&state, params).await?;
     let id = new_id("chatcmpl-");
+    if n > 1 {
+        return Ok(Json(chat_choices(&state, &id, params, n, logprobs.is_some()).await?).into_response());
+    }
+    let run = Run::start(&state, params).await?;
     if req.stream.unwrap_or(false) {
         let usage = req.stream_options.and_then(|o| o.include_usage).unwrap_or(false);
         let enc = ChatStream::new(id, state.model_id.clone(), usage);
@@ -347,6 +354,40 @@ fn chat_response(id: &str, model: &str, c: &Collected) -> Value {
         "usage": usage_json(&c.outcome.usage),
         "system_fingerprint": fingerprint(),
     })
+}
+
+/// The most choices (`n`) one request may ask for: each is a sequence of its own.
+const MAX_CHOICES: u32 = 8;
+
+/// `n` choices of one prompt, each its own sequence (submitted together, so the engine runs
+/// them side by side); a given seed is offset per choice so that sampled choices differ.
+async fn chat_choices(state: &AppState, id: &str, params: GenParams, n: u32, logprobs: bool) -> Result<Value, ApiError> {
+    let mut runs = Vec::with_capacity(n as usize);
+    for i in 0..n {
+        let mut p = params.clone();
+        p.sampling.seed = p.sampling.seed.map(|s| s.wrapping_add(i as u64));
+        runs.push(Run::start(state, p).await?);
+    }
+    let (mut choices, mut completion, mut resp) = (vec![], 0, Value::Null);
+    for (i, run) in runs.into_iter().enumerate() {
+        let c = run.collect().await?;
+        let mut one = chat_response(id, &state.model_id, &c);
+        let mut choice = one["choices"][0].take();
+        choice["index"] = i.into();
+        if logprobs {
+            choice["logprobs"] = chat_logprobs(&c.logprobs);
+        }
+        choices.push(choice);
+        completion += c.outcome.usage.completion;
+        if i == 0 {
+            resp = one;
+        }
+    }
+    resp["choices"] = Value::Array(choices);
+    let prompt = resp["usage"]["prompt_tokens"].as_u64().unwrap_or(0) as usize;
+    resp["usage"]["completion_tokens"] = completion.into();
+    resp["usage"]["total_tokens"] = (prompt + completion).into();
+    Ok(resp)
 }
 
 pub(super) fn fingerprint() -> String {
