@@ -174,7 +174,7 @@ fn malformed_and_hostile_requests() {
     assert!(o.body["error"]["message"].as_str().unwrap_or("").contains("prompt is too long"), "{}", o.text);
     // 10. Out-of-range sampling, unsupported features, bad roles, images.
     openai_error(&post("/v1/chat/completions", &chat(json!({"top_p": 0}))), 400, Some("top_p"));
-    openai_error(&post("/v1/chat/completions", &chat(json!({"n": 3}))), 400, Some("n"));
+    openai_error(&post("/v1/chat/completions", &chat(json!({"n": 0}))), 400, Some("n"));
     openai_error(&post("/v1/chat/completions", &chat(json!({"messages": [{"role": "wizard", "content": "x"}]}))), 400, Some("messages[0].role"));
     let img = json!({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:,"}}]}]});
     openai_error(&post("/v1/chat/completions", &chat(img)), 400, Some("messages[0].content[0]"));
