@@ -7,7 +7,6 @@ cd "$(dirname "$0")/.."
 AGENTS=(
   "@anthropic-ai/claude-code@2.1.197"
   "@openai/codex@0.171.0"
-  "opencode-ai@1.18.33"
 )
 
 if ! command -v npm >/dev/null 2>&1; then
@@ -20,6 +19,6 @@ if ! command -v npm >/dev/null 2>&1; then
 fi
 mkdir -p target/agents
 npm install --no-audit --no-fund --loglevel=error --prefix target/agents "${AGENTS[@]}" >/dev/null
-for b in claude codex opencode; do
+for b in claude codex; do
   echo "install-agents: $b $(target/agents/node_modules/.bin/$b --version 2>&1 | head -1)"
 done
