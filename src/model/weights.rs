@@ -90,11 +90,6 @@ pub struct Linear {
 }
 
 impl Linear {
-    /// A linear layer whose weights are buffers of the device.
-    pub fn on_device(w: DeviceBuffer, bias: Option<DeviceBuffer>, out_dim: usize, in_dim: usize) -> Linear {
-        Linear { w, bias, out_dim, in_dim, host: None }
-    }
-
     /// `out[n, out_dim] = x[n, in_dim] · Wᵀ + b`.
     pub fn forward(&self, be: &dyn Backend, x: &DeviceBuffer, out: &mut DeviceBuffer, n: usize) -> Result<(), ModelError> {
         self.forward_desc(be, x, out, &MatmulDesc::new(n, self.in_dim, self.out_dim))
