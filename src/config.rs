@@ -67,6 +67,7 @@ struct EngineKeys {
     prefill: String,
     ctx_size: Option<usize>,
     max_active: usize,
+    step_tokens: usize,
     max_queue: usize,
     #[serde(default, deserialize_with = "lenient::opt_string")]
     b_p: Option<String>,
@@ -112,6 +113,7 @@ impl From<&EngineConfig> for EngineKeys {
             prefill: prefill_name(c.prefill).into(),
             ctx_size: c.ctx_size,
             max_active: c.max_active,
+            step_tokens: c.step_tokens,
             max_queue: c.max_queue,
             b_p: c.b_p.map(|v| v.to_string()),
             b_h: c.b_h.map(|v| v.to_string()),
@@ -131,6 +133,9 @@ impl EngineKeys {
         };
         if self.max_active == 0 {
             return Err(bad("max_active", "must be at least 1".into()));
+        }
+        if self.step_tokens == 0 {
+            return Err(bad("step_tokens", "must be at least 1".into()));
         }
         if self.cpu_threads == Some(0) {
             return Err(bad("cpu_threads", "must be at least 1 (leave it unset for all cores)".into()));
@@ -152,6 +157,7 @@ impl EngineKeys {
             prefill: self.prefill.parse::<PrefillMode>().map_err(|e| bad("prefill", e))?,
             ctx_size: self.ctx_size,
             max_active: self.max_active,
+            step_tokens: self.step_tokens,
             max_queue: self.max_queue,
             b_p: rate("b_p", &self.b_p)?,
             b_h: rate("b_h", &self.b_h)?,

@@ -94,47 +94,68 @@ fn a_device_out_of_memory_is_typed_and_transient() {
     });
 }
 
-#[test]
-fn a_failed_cpu_kernel_fails_one_of_two_running_requests() {
-    rt().block_on(async {
-        let engine = spawn(0, MoeMode::Cpu).await;
-        let start = |p: usize| {
-            let mut req = EngineRequest::greedy(prompts(&reference_json(NAME))[p].clone(), 16);
-            req.ignore_eos = true;
-            engine.generate(req)
-        };
-        let (mut a, mut b) = (start(0).await.unwrap(), start(1).await.unwrap());
-        let mut ids: [Vec<u32>; 2] = [vec![], vec![]];
-        let mut failed = [false; 2];
-        let mut armed = false;
-        let mut done = [false; 2];
-        while !(done[0] && done[1]) {
-            for (i, s) in [&mut a, &mut b].into_iter().enumerate() {
-                if done[i] {
-                    continue;
-                }
-                match s.next().await {
-                    Some(GenEvent::Token { id, .. }) => ids[i].push(id),
-                    Some(GenEvent::Done(_)) | None => done[i] = true,
-                    Some(GenEvent::Error(e)) => {
-                        assert!(matches!(e, EngineError::Internal(ref m) if m.contains("injected kernel fault")), "{e:?}");
-                        failed[i] = true;
-                        done[i] = true;
-                    }
-                }
-                // Both are running (each has a token): the next CPU job fails one step of one.
-                if !armed && !ids[0].is_empty() && !ids[1].is_empty() {
-                    engine.inject_faults(FaultCounts { cpu: 1, ..Default::default() });
-                    armed = true;
+/// Two requests decoding together in batched steps; `faults` is armed once both have a
+/// token. Returns each one's tokens, whether it failed (with the injected kernel fault), and
+/// the engine's recompute count.
+async fn two_running_with(faults: FaultCounts) -> ([Vec<u32>; 2], [bool; 2], u64) {
+    let engine = spawn(0, MoeMode::Cpu).await;
+    let start = |p: usize| {
+        let mut req = EngineRequest::greedy(prompts(&reference_json(NAME))[p].clone(), 16);
+        req.ignore_eos = true;
+        engine.generate(req)
+    };
+    let (mut a, mut b) = (start(0).await.unwrap(), start(1).await.unwrap());
+    let mut ids: [Vec<u32>; 2] = [vec![], vec![]];
+    let mut failed = [false; 2];
+    let mut armed = false;
+    let mut done = [false; 2];
+    while !(done[0] && done[1]) {
+        for (i, s) in [&mut a, &mut b].into_iter().enumerate() {
+            if done[i] {
+                continue;
+            }
+            match s.next().await {
+                Some(GenEvent::Token { id, .. }) => ids[i].push(id),
+                Some(GenEvent::Done(_)) | None => done[i] = true,
+                Some(GenEvent::Error(e)) => {
+                    assert!(matches!(e, EngineError::Internal(ref m) if m.contains("injected kernel fault")), "{e:?}");
+                    failed[i] = true;
+                    done[i] = true;
                 }
             }
+            if !armed && !ids[0].is_empty() && !ids[1].is_empty() {
+                engine.inject_faults(faults);
+                armed = true;
+            }
         }
-        assert_eq!(failed.iter().filter(|f| **f).count(), 1, "exactly one request fails");
-        let ok = if failed[0] { 1 } else { 0 };
-        assert_eq!(ids[ok], want(ok), "the other request is untouched");
-        assert_idle(&engine, "after a failed kernel").await;
-        assert_eq!(generate(&engine, 0).await.unwrap(), want(0));
-        engine.shutdown().await;
+    }
+    engine.clear_faults();
+    let recomputes = engine.stats().await.unwrap().recomputes;
+    assert_idle(&engine, "after a failed kernel").await;
+    assert_eq!(generate(&engine, 0).await.unwrap(), want(0));
+    engine.shutdown().await;
+    (ids, failed, recomputes)
+}
+
+#[test]
+fn a_failed_kernel_in_a_batched_step_is_recomputed_and_costs_no_request() {
+    rt().block_on(async {
+        // One failed CPU job fails the step both sequences share: each is recomputed from its
+        // tokens and goes on, with exactly the tokens it would have had.
+        let (ids, failed, recomputes) = two_running_with(FaultCounts { cpu: 1, ..Default::default() }).await;
+        assert_eq!(failed, [false, false], "a transient fault fails no request");
+        assert_eq!(recomputes, 2, "both sequences of the failed step were recomputed");
+        assert_eq!(ids[0], want(0));
+        assert_eq!(ids[1], want(1));
+    });
+}
+
+#[test]
+fn a_fault_that_persists_fails_the_batch_after_one_recompute() {
+    rt().block_on(async {
+        let (_, failed, recomputes) = two_running_with(FaultCounts { cpu: 1000, ..Default::default() }).await;
+        assert_eq!(failed, [true, true], "a fault that stays fails the requests, it does not loop");
+        assert_eq!(recomputes, 2);
     });
 }
 

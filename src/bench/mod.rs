@@ -9,6 +9,7 @@
 //! cold (no prompt shares a first token with an earlier one). Plus the expert cache behaviour
 //! (hit rate, bytes moved) and the actor overhead per step.
 
+pub mod concurrency;
 pub mod replay;
 
 use crate::engine::{EngineError, EngineHandle, EngineRequest, GenEvent};
@@ -185,7 +186,7 @@ pub async fn run(engine: &EngineHandle, opts: &BenchOptions, progress: &mut (dyn
         // The engine counts the bytes its decode steps read, and the steps, since the reset at
         // the first token: both over the same steps.
         let stats = engine.stats().await?;
-        let per_token = stats.decode_weight_bytes as f64 / stats.decode_steps.max(1) as f64;
+        let per_token = stats.decode_weight_bytes as f64 / stats.decode_tokens.max(1) as f64;
         decode.push(tok_s);
         bytes.push(per_token);
         gb_s.push(per_token * tok_s / 1e9);
@@ -195,7 +196,7 @@ pub async fn run(engine: &EngineHandle, opts: &BenchOptions, progress: &mut (dyn
         Some(s) => s,
         None => engine.stats().await?,
     };
-    let steps = stats.decode_steps.max(1) as f64;
+    let steps = stats.decode_tokens.max(1) as f64;
     Ok(BenchReport {
         prefill_tok_s: Spread::of(&prefill),
         decode_tok_s: Spread::of(&decode),

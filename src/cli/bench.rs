@@ -1,6 +1,7 @@
 //! `ft-actor bench`: one engine per `--moe-mode` in `--modes`, same model and cache cap.
 
 use super::{runtime, start_engine, ModelArgs};
+use crate::bench::concurrency::{decode_together, long_prompt_arrival, ArrivalReport, ConcurrencyReport};
 use crate::bench::{memory_bandwidth, run as run_bench, BenchOptions};
 use crate::policy::MoeMode;
 use anyhow::Result;
@@ -32,6 +33,13 @@ pub struct BenchArgs {
     /// Print JSON lines instead of a table.
     #[arg(long)]
     json: bool,
+    /// Also measure aggregate decode with this many streams decoding together (e.g. 1,4,8).
+    #[arg(long, value_delimiter = ',')]
+    concurrency: Vec<usize>,
+    /// With --concurrency: a prompt of this many tokens arrives while the largest level's
+    /// streams decode; its time to first token and the longest pause it causes are reported.
+    #[arg(long, default_value_t = 0)]
+    arrival_prompt: usize,
 }
 
 /// `bench`.
@@ -47,12 +55,28 @@ pub fn run(a: BenchArgs) -> Result<()> {
     for mode in modes {
         let mut config = a.model.engine_config();
         config.moe_mode = mode;
+        if let Some(&most) = a.concurrency.iter().max() {
+            config.max_active = config.max_active.max(most);
+        }
         let r = rt.block_on(async {
             let engine = start_engine(config).await?;
             let info = engine.info().clone();
             let r = run_bench(&engine, &opts, &mut |line| eprintln!("[{mode}] {line}")).await;
+            let mut together = vec![];
+            let mut arrival = None;
+            if r.is_ok() {
+                for (k, &n) in a.concurrency.iter().enumerate() {
+                    eprintln!("[{mode}] {n} streams decoding together ({} runs)", opts.repeats);
+                    let salt = 1_000 + 100 * k as u32;
+                    together.push(decode_together(&engine, n.max(1), opts.prompt_len, opts.gen_tokens, opts.repeats, salt).await?);
+                }
+                if let (Some(&n), true) = (a.concurrency.iter().max(), a.arrival_prompt > 0) {
+                    eprintln!("[{mode}] a {}-token prompt arriving while {n} streams decode", a.arrival_prompt);
+                    arrival = Some(long_prompt_arrival(&engine, n.max(1), a.arrival_prompt, 5_000).await?);
+                }
+            }
             engine.shutdown().await;
-            anyhow::Ok((info, r?))
+            anyhow::Ok((info, (r?, together, arrival)))
         })?;
         rows.push((mode, r));
     }
@@ -74,7 +98,9 @@ pub fn run(a: BenchArgs) -> Result<()> {
         println!("| mode | effective | cache slots | prefill tok/s | decode tok/s | MB read/tok | GB/s | roofline | hit rate | MB moved/tok | fetched/tok | CPU experts/tok | actor overhead | step split experts · rest | pool busy |");
         println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     }
-    for (mode, (info, r)) in rows {
+    let mut extra: Vec<(MoeMode, Vec<ConcurrencyReport>, Option<ArrivalReport>)> = vec![];
+    for (mode, (info, (r, together, arrival))) in rows {
+        extra.push((mode, together, arrival));
         let roofline = r.decode_gb_s.median / memory_gb_s.max(1e-9);
         if a.json {
             let s = |s: &crate::bench::Spread| serde_json::json!({"median": s.median, "min": s.min, "max": s.max});
@@ -115,5 +141,69 @@ pub fn run(a: BenchArgs) -> Result<()> {
             );
         }
     }
+    print_concurrency(&extra, memory_gb_s, a.json);
     Ok(())
+}
+
+/// The `--concurrency` and `--arrival-prompt` tables (or JSON lines).
+fn print_concurrency(rows: &[(MoeMode, Vec<ConcurrencyReport>, Option<ArrivalReport>)], memory_gb_s: f64, json: bool) {
+    if rows.iter().all(|(_, t, a)| t.is_empty() && a.is_none()) {
+        return;
+    }
+    if !json {
+        println!(
+            "\nstreams decoding together: aggregate tokens/s counted over the window in which every stream decodes (from the last \
+             stream's first token to the first stream's end; median, min–max of the runs); weight bytes per batched step from the \
+             read counter over that window; speed-up against the 1-stream row when measured"
+        );
+        println!("| mode | streams | aggregate decode tok/s | per stream | speed-up | MB read/step | GB/s | roofline | mean batch |");
+        println!("|---|---|---|---|---|---|---|---|---|");
+    }
+    for (mode, together, arrival) in rows {
+        let one = together.iter().find(|r| r.streams == 1).map(|r| r.aggregate_tok_s.median);
+        for r in together {
+            let speedup = one.map(|o| r.aggregate_tok_s.median / o.max(1e-9));
+            if json {
+                println!(
+                    "{}",
+                    serde_json::json!({
+                        "mode": mode.to_string(), "streams": r.streams,
+                        "aggregate_tok_s": {"median": r.aggregate_tok_s.median, "min": r.aggregate_tok_s.min, "max": r.aggregate_tok_s.max},
+                        "speedup_vs_1": speedup, "bytes_per_step": r.bytes_per_step, "gb_s": r.gb_s,
+                        "roofline_fraction": r.gb_s / memory_gb_s.max(1e-9), "mean_batch": r.mean_batch,
+                    })
+                );
+            } else {
+                let s = &r.aggregate_tok_s;
+                println!(
+                    "| {mode} | {} | {:.2} ({:.2}–{:.2}) | {:.2} | {} | {:.0} | {:.1} | {:.0} % | {:.2} |",
+                    r.streams,
+                    s.median,
+                    s.min,
+                    s.max,
+                    s.median / r.streams.max(1) as f64,
+                    speedup.map_or("n/a".into(), |x| format!("{x:.2}×")),
+                    r.bytes_per_step / 1e6,
+                    r.gb_s,
+                    r.gb_s / memory_gb_s.max(1e-9) * 100.0,
+                    r.mean_batch
+                );
+            }
+        }
+        if let Some(a) = arrival {
+            if json {
+                println!(
+                    "{}",
+                    serde_json::json!({"mode": mode.to_string(), "arrival_prompt": a.prompt_len, "ttft_s": a.ttft_s,
+                        "longest_pause_s": a.longest_pause_s, "typical_gap_s": a.typical_gap_s})
+                );
+            } else {
+                println!(
+                    "[{mode}] a {}-token prompt arriving while they decode: time to first token {:.2} s; longest pause a running \
+                     stream saw meanwhile {:.3} s (their usual gap between tokens before it: {:.3} s); from token timestamps",
+                    a.prompt_len, a.ttft_s, a.longest_pause_s, a.typical_gap_s
+                );
+            }
+        }
+    }
 }

@@ -57,6 +57,10 @@ pub struct ConfigArgs {
     #[arg(long, value_name = "N")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub max_active: Option<usize>,
+    /// Most tokens one batched step runs (decodes first, then prompt chunks).
+    #[arg(long, value_name = "N")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub step_tokens: Option<usize>,
     /// Requests waiting beyond the active ones before new ones get 429.
     #[arg(long, value_name = "N")]
     #[serde(skip_serializing_if = "Option::is_none")]

@@ -29,8 +29,11 @@ pub struct EngineConfig {
     pub prefill: PrefillMode,
     /// Context length per sequence (default: the model's maximum).
     pub ctx_size: Option<usize>,
-    /// Sequences in flight at once; more wait in the queue.
+    /// Sequences in flight at once (advanced together in batched steps); more wait in the queue.
     pub max_active: usize,
+    /// Most tokens one batched step runs: a decoded token per running sequence, the rest
+    /// for prompt chunks, so a long prompt arrives in chunks between decode steps.
+    pub step_tokens: usize,
     /// Requests waiting beyond the active ones before new ones are refused.
     pub max_queue: usize,
     /// Host→device bandwidth (bytes/s), overriding measurement and profile.
@@ -61,6 +64,7 @@ impl Default for EngineConfig {
             prefill: PrefillMode::Auto,
             ctx_size: None,
             max_active: 4,
+            step_tokens: 512,
             max_queue: 64,
             b_p: None,
             b_h: None,
@@ -303,8 +307,20 @@ pub struct EngineStats {
     pub sequences: usize,
     /// Forward steps run (prefill chunks and decode tokens).
     pub steps: u64,
-    /// Decode steps (one token).
+    /// Decode steps: steps in which every sequence decoded one token (no prompt chunk).
     pub decode_steps: u64,
+    /// Tokens those decode steps produced (one per sequence in each).
+    pub decode_tokens: u64,
+    /// Steps that ran prompt chunks and decodes together.
+    pub mixed_steps: u64,
+    /// Sum over steps of the sequences each advanced (÷ `steps`: the mean batch).
+    pub step_sequences: u64,
+    /// Sum over steps of the tokens each ran (÷ `steps`: tokens per step).
+    pub step_tokens: u64,
+    /// The most sequences one step advanced.
+    pub max_batch: u64,
+    /// Sequences recomputed from their tokens after a batched step they were in failed.
+    pub recomputes: u64,
     /// Seconds of decode step wall time.
     pub decode_s: f64,
     /// Weight bytes the decode steps read, from [`crate::model::reads`] (process-wide: exact

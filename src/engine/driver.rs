@@ -1,9 +1,10 @@
-//! The sequence driver: admits requests, takes turns between running sequences one forward
-//! step at a time, turns sampled tokens into text and events, and applies cache resizes at
-//! step boundaries. It never computes: steps go to the device stream, which replies later.
+//! The sequence driver: admits requests, advances every running sequence together in one
+//! batched step at a time (decodes and prompt chunks), turns sampled tokens into text and
+//! events, and applies cache resizes at step boundaries. It never computes: steps go to the
+//! device stream, which replies later.
 
 use super::api::*;
-use crate::actors::device::{DeviceMsg, SeqSpec, StepOutput};
+use crate::actors::device::{DeviceMsg, SeqSpec, StepOutput, StepRequest};
 use crate::sampling::StopChecker;
 use crate::tokenizer::{StreamDecoder, Tokenizer};
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
@@ -29,8 +30,9 @@ pub enum EngineMsg {
     Stats { reply: RpcReplyPort<Result<EngineStats, EngineError>> },
     /// Reset the counters.
     ResetStats { reply: RpcReplyPort<()> },
-    /// A step the device stream finished.
-    StepDone { seq: SeqId, result: Result<StepOutput, EngineError> },
+    /// A batched step the device stream finished: each sequence's next token (`None` while
+    /// its prompt is being prefilled) or error; the whole step's error if it never ran.
+    StepDone { results: Result<Vec<(SeqId, Result<Option<StepOutput>, EngineError>)>, EngineError> },
     /// A resize or logits job finished.
     ExclusiveDone,
 }
@@ -70,7 +72,8 @@ pub struct DriverState {
     next_id: SeqId,
     queue: VecDeque<Sequence>,
     active: VecDeque<Sequence>,
-    in_flight: Option<SeqId>,
+    /// The sequences of the step in flight (empty: the device stream is idle).
+    in_flight: Vec<SeqId>,
     busy_exclusive: bool,
     pending_resize: Vec<(u64, RpcReplyPort<Result<u64, EngineError>>)>,
     pending_logits: VecDeque<(Vec<u32>, RpcReplyPort<Result<Vec<f32>, EngineError>>)>,
@@ -133,6 +136,48 @@ impl DriverState {
         }
     }
 
+    /// Sends `out`'s token as text; the sequence back if it runs on.
+    fn deliver(&mut self, mut s: Sequence, out: StepOutput) -> Option<Sequence> {
+        s.generated += 1;
+        self.stats.tokens_generated += 1;
+        let dev = self.args.device.clone();
+        let (mut text, mut finish) = (String::new(), None);
+        if s.eos.contains(&out.token) {
+            finish = Some(FinishReason::Eos);
+        } else if let (Some(dec), Some(tok)) = (s.decoder.as_mut(), self.args.tokenizer.as_deref()) {
+            match dec.step(tok, out.token) {
+                Ok(Some(piece)) => {
+                    let o = s.stops.push(&piece);
+                    text = o.text;
+                    if o.stopped {
+                        finish = Some(FinishReason::StopString);
+                    }
+                }
+                Ok(None) => {}
+                Err(e) => tracing::warn!("detokenisation failed: {e}"),
+            }
+        }
+        if finish.is_none() && s.generated >= s.budget {
+            finish = Some(FinishReason::Length);
+        }
+        if matches!(finish, Some(FinishReason::Eos | FinishReason::Length)) {
+            text.push_str(&self.drain_text(&mut s));
+        }
+        let alive = s.events.send(GenEvent::Token { id: out.token, text, logits: out.logits, logprobs: out.logprobs }).is_ok();
+        match finish {
+            Some(f) => {
+                self.finish(s, f, &dev);
+                None
+            }
+            // The client went away: free its state now.
+            None if !alive => {
+                let _ = dev.cast(DeviceMsg::DropSeq { seq: s.id });
+                None
+            }
+            None => Some(s),
+        }
+    }
+
     fn fail(&mut self, seq: Sequence, err: EngineError) {
         let _ = seq.events.send(GenEvent::Error(err));
         if seq.started {
@@ -144,7 +189,7 @@ impl DriverState {
 impl EngineDriver {
     /// Starts the next unit of work if the device stream is idle.
     fn schedule(&self, myself: &ActorRef<EngineMsg>, st: &mut DriverState) {
-        if st.in_flight.is_some() || st.busy_exclusive {
+        if !st.in_flight.is_empty() || st.busy_exclusive {
             return;
         }
         // Resizes and logits jobs run alone, between steps (so no slot is leased then).
@@ -177,24 +222,33 @@ impl EngineDriver {
                 None => break,
             }
         }
-        let Some(mut seq) = st.active.pop_front() else { return };
-        let tokens = if seq.started { Vec::new() } else { seq.req.prompt.clone() };
-        let spec = (!seq.started).then(|| SeqSpec {
-            capacity: seq.req.prompt.len() + seq.budget,
-            sampling: seq.req.sampling.clone(),
-            return_logits: seq.req.return_logits,
-            logprobs: seq.req.logprobs,
-            constraint: seq.req.constraint.take(),
-        });
-        seq.started = true;
-        let id = seq.id;
-        st.in_flight = Some(id);
-        st.active.push_back(seq);
+        if st.active.is_empty() {
+            return;
+        }
+        let mut seqs = Vec::with_capacity(st.active.len());
+        for seq in st.active.iter_mut() {
+            let start = (!seq.started).then(|| {
+                let spec = SeqSpec {
+                    capacity: seq.req.prompt.len() + seq.budget,
+                    sampling: seq.req.sampling.clone(),
+                    return_logits: seq.req.return_logits,
+                    logprobs: seq.req.logprobs,
+                    constraint: seq.req.constraint.take(),
+                };
+                (spec, seq.req.prompt.clone())
+            });
+            seq.started = true;
+            seqs.push(StepRequest { seq: seq.id, start });
+        }
+        st.in_flight = seqs.iter().map(|r| r.seq).collect();
         let device = st.args.device.clone();
         let me = myself.clone();
         tokio::spawn(async move {
-            let result = ask_device(&device, |reply| DeviceMsg::Step { seq: id, spec, tokens, reply }).await;
-            let _ = me.cast(EngineMsg::StepDone { seq: id, result });
+            let results = match device.call(|reply| DeviceMsg::StepBatch { seqs, reply }, None).await {
+                Ok(ractor::rpc::CallResult::Success(r)) => Ok(r),
+                _ => Err(EngineError::Stopped),
+            };
+            let _ = me.cast(EngineMsg::StepDone { results });
         });
     }
 }
@@ -210,7 +264,7 @@ impl Actor for EngineDriver {
             next_id: 1,
             queue: VecDeque::new(),
             active: VecDeque::new(),
-            in_flight: None,
+            in_flight: Vec::new(),
             busy_exclusive: false,
             pending_resize: vec![],
             pending_logits: VecDeque::new(),
@@ -271,7 +325,7 @@ impl Actor for EngineDriver {
             EngineMsg::Cancel { seq } => {
                 if let Some(pos) = st.queue.iter().position(|s| s.id == seq) {
                     st.queue.remove(pos);
-                } else if st.in_flight == Some(seq) {
+                } else if st.in_flight.contains(&seq) {
                     st.cancelled.push(seq);
                 } else if let Some(pos) = st.active.iter().position(|s| s.id == seq) {
                     if let Some(s) = st.active.remove(pos) {
@@ -313,63 +367,40 @@ impl Actor for EngineDriver {
                 let _ = reply.send(());
             }
             EngineMsg::ExclusiveDone => st.busy_exclusive = false,
-            EngineMsg::StepDone { seq, result } => {
-                st.in_flight = None;
-                let Some(pos) = st.active.iter().position(|s| s.id == seq) else {
-                    self.schedule(&myself, st);
-                    return Ok(());
+            EngineMsg::StepDone { results } => {
+                let stepped = std::mem::take(&mut st.in_flight);
+                let mut results: std::collections::HashMap<SeqId, Result<Option<StepOutput>, EngineError>> = match results {
+                    Ok(r) => r.into_iter().collect(),
+                    Err(e) => stepped.iter().map(|&id| (id, Err(e.clone()))).collect(),
                 };
-                let Some(mut s) = st.active.remove(pos) else { return Ok(()) };
-                if let Some(c) = st.cancelled.iter().position(|c| *c == seq) {
-                    st.cancelled.swap_remove(c);
-                    let _ = st.args.device.cast(DeviceMsg::DropSeq { seq });
-                    self.schedule(&myself, st);
-                    return Ok(());
-                }
-                match result {
-                    Err(e) => st.fail(s, e),
-                    Ok(out) => {
-                        if s.generated == 0 {
-                            st.stats.prompt_tokens += s.req.prompt.len() as u64;
-                            s.cached = out.cached;
-                            s.first_token = Some(Instant::now());
-                        }
-                        s.generated += 1;
-                        st.stats.tokens_generated += 1;
-                        let dev = st.args.device.clone();
-                        let (mut text, mut finish) = (String::new(), None);
-                        if s.eos.contains(&out.token) {
-                            finish = Some(FinishReason::Eos);
-                        } else if let (Some(dec), Some(tok)) = (s.decoder.as_mut(), st.args.tokenizer.as_deref()) {
-                            match dec.step(tok, out.token) {
-                                Ok(Some(piece)) => {
-                                    let o = s.stops.push(&piece);
-                                    text = o.text;
-                                    if o.stopped {
-                                        finish = Some(FinishReason::StopString);
-                                    }
-                                }
-                                Ok(None) => {}
-                                Err(e) => tracing::warn!("detokenisation failed: {e}"),
+                // Sequences keep their order (the oldest prompt gets the chunk budget first).
+                for mut s in std::mem::take(&mut st.active) {
+                    let Some(result) = results.remove(&s.id) else {
+                        st.active.push_back(s);
+                        continue;
+                    };
+                    if let Some(c) = st.cancelled.iter().position(|c| *c == s.id) {
+                        st.cancelled.swap_remove(c);
+                        let _ = st.args.device.cast(DeviceMsg::DropSeq { seq: s.id });
+                        continue;
+                    }
+                    match result {
+                        Err(e) => st.fail(s, e),
+                        Ok(None) => st.active.push_back(s),
+                        Ok(Some(out)) => {
+                            if s.generated == 0 {
+                                st.stats.prompt_tokens += s.req.prompt.len() as u64;
+                                s.cached = out.cached;
+                                s.first_token = Some(Instant::now());
                             }
-                        }
-                        if finish.is_none() && s.generated >= s.budget {
-                            finish = Some(FinishReason::Length);
-                        }
-                        if matches!(finish, Some(FinishReason::Eos | FinishReason::Length)) {
-                            text.push_str(&st.drain_text(&mut s));
-                        }
-                        let alive = s.events.send(GenEvent::Token { id: out.token, text, logits: out.logits, logprobs: out.logprobs }).is_ok();
-                        match finish {
-                            Some(f) => st.finish(s, f, &dev),
-                            // The client went away: free its state now.
-                            None if !alive => {
-                                let _ = dev.cast(DeviceMsg::DropSeq { seq: s.id });
+                            if let Some(s) = st.deliver(s, out) {
+                                st.active.push_back(s);
                             }
-                            None => st.active.push_back(s),
                         }
                     }
                 }
+                // Every sequence of the step has its result now: no cancel is pending.
+                st.cancelled.clear();
             }
         }
         self.schedule(&myself, st);

@@ -213,6 +213,7 @@ pub(super) async fn spawn(
             cfg.num_layers_of(LayerKind::LinearAttention) > 0,
             backend.clone(),
         ),
+        step_tokens: config.step_tokens.max(1),
     };
     let (device, _) = Actor::spawn(None, DeviceStream, device_args).await.map_err(start_err)?;
     let info = Arc::new(EngineInfo {

@@ -4,10 +4,11 @@
 use crate::model::reads;
 use super::config::ExpertActivation;
 use super::routing::{route, Routing};
-use super::weights::{ExpertWeights, FeedForward, Mixer, MoeWeights, Mlp};
+use super::weights::{ExpertWeights, MoeWeights, Mlp};
+use super::batch::BatchItem;
 use super::{Model, ModelError};
 use crate::kv::SequenceState;
-use ft_backend::{Backend, BinaryOp, BufferUsage, DType, DeviceBuffer, HostBytes, MatmulDesc, RmsNormDesc, StreamId};
+use ft_backend::{Backend, BinaryOp, BufferUsage, DType, DeviceBuffer, HostBytes, MatmulDesc, StreamId};
 
 /// Which logits a forward pass returns.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -208,82 +209,15 @@ impl Model {
         state: &mut SequenceState,
         tokens: &[u32],
         logits: Logits,
-        mut trace: Option<&mut Trace>,
+        trace: Option<&mut Trace>,
         experts: &mut dyn ExpertRunner,
     ) -> Result<Vec<f32>, ModelError> {
-        let cfg = self.config();
-        let be = self.backend();
-        let t = tokens.len();
-        if t == 0 {
-            return Err(ModelError::Invalid("forward called with no tokens".into()));
-        }
-        if state.layers.len() != self.layers.len() {
-            return Err(ModelError::Invalid(format!(
-                "sequence state has {} layers, the model {}",
-                state.layers.len(),
-                self.layers.len()
-            )));
-        }
-        if state.len() + t > state.capacity() {
-            return Err(ModelError::ContextOverflow { needed: state.len() + t, capacity: state.capacity() });
-        }
-        if let Some(bad) = tokens.iter().find(|&&id| id as usize >= cfg.vocab_size) {
-            return Err(ModelError::Invalid(format!("token id {bad} is outside the vocabulary (size {})", cfg.vocab_size)));
-        }
-        let h = cfg.hidden_size;
-        let mut x = scratch(be, t * h)?;
-        self.embed.lookup(be, tokens, h, &mut x)?;
-        let mut normed = scratch(be, t * h)?;
-        let mut delta = scratch(be, t * h)?;
-        let past = state.len();
-        let positions: Vec<u32> = (past..past + t).map(|p| p as u32).collect();
-        let norm = RmsNormDesc { rows: t, dim: h, eps: cfg.rms_norm_eps, unit_offset: cfg.norm_unit_offset };
-        for (i, layer) in self.layers.iter().enumerate() {
-            be.rms_norm(&x, &layer.input_norm, &mut normed, &norm)?;
-            let layer_state = &mut state.layers[i];
-            match &layer.mixer {
-                Mixer::Attention(w) => {
-                    self.attention(w, cfg.layer_kinds[i], layer_state, past, &positions, &normed, &mut delta)?
-                }
-                Mixer::Mla(w) => self.mla(w, layer_state, past, &positions, &normed, &mut delta)?,
-                Mixer::DeltaNet(w) => self.delta_net(w, layer_state, t, &normed, &mut delta)?,
-            }
-            be.binary(BinaryOp::Add, &mut x, &delta, t * h)?;
-            be.rms_norm(&x, &layer.post_attention_norm, &mut normed, &norm)?;
-            match &layer.ffn {
-                FeedForward::Dense(mlp) => self.mlp(mlp, &normed, &mut delta, t)?,
-                FeedForward::Moe(moe) => {
-                    let routing = self.moe(moe, &normed, &mut delta, t, i, trace.as_deref_mut(), experts)?;
-                    if let Some(tr) = trace.as_deref_mut() {
-                        tr.routing.push((i, routing));
-                    }
-                }
-            }
-            be.binary(BinaryOp::Add, &mut x, &delta, t * h)?;
-            if let Some(tr) = trace.as_deref_mut() {
-                tr.hidden.push(download_f32(be, &x, t * h)?);
-            }
-        }
-        state.advance(t);
-        let rows: Vec<u32> = match logits {
-            Logits::None => return Ok(vec![]),
-            Logits::All => (0..t as u32).collect(),
-            Logits::Last => vec![t as u32 - 1],
-        };
-        let n = rows.len();
-        let mut picked = scratch(be, n * h)?;
-        be.gather_rows(&x, &rows, h, &mut picked)?;
-        let mut final_normed = scratch(be, n * h)?;
-        be.rms_norm(&picked, &self.final_norm, &mut final_normed, &RmsNormDesc { rows: n, ..norm })?;
-        let mut out = scratch(be, n * cfg.vocab_size)?;
-        match &self.lm_head {
-            Some(head) => head.forward(be, &final_normed, &mut out, n)?,
-            None => reads::matmul(be, &final_normed, self.lm_head(), None, &mut out, &MatmulDesc::new(n, h, cfg.vocab_size))?,
-        }
-        download_f32(be, &out, n * cfg.vocab_size)
+        let mut items = [BatchItem { state, tokens, logits }];
+        let mut out = self.forward_batch(&mut items, trace, experts)?;
+        Ok(out.pop().unwrap_or_default())
     }
 
-    fn mlp(&self, w: &Mlp, x: &DeviceBuffer, out: &mut DeviceBuffer, t: usize) -> Result<(), ModelError> {
+    pub(crate) fn mlp(&self, w: &Mlp, x: &DeviceBuffer, out: &mut DeviceBuffer, t: usize) -> Result<(), ModelError> {
         let be = self.backend();
         let inter = w.gate.out_dim;
         let mut g = scratch(be, t * inter)?;
@@ -294,7 +228,7 @@ impl Model {
         w.down.forward(be, &g, out, t)
     }
 
-    fn moe(
+    pub(crate) fn moe(
         &self,
         w: &MoeWeights,
         x: &DeviceBuffer,

@@ -5,6 +5,7 @@ pub mod config;
 pub mod embedding;
 pub mod fallback;
 pub mod fault;
+pub mod batch;
 pub mod forward;
 pub mod generation_config;
 pub mod gguf;

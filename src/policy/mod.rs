@@ -7,6 +7,7 @@
 //! transfer engine, CPU executors, device stream) own the state and the messages; this module
 //! owns the arithmetic, so it can be unit-tested directly and reasoned about in isolation.
 //!
+//! - [`batch`]: how many tokens each running sequence advances in one batched step.
 //! - [`anchors`]: the radix index of reusable prompt-prefix state for edited conversations.
 //! - [`cache`]: the expert slot table — LRU with leases that pin slots and release on drop.
 //! - [`split`]: the decode miss split `q` (fetch vs CPU) and which misses to fetch.
@@ -16,6 +17,7 @@
 //! - [`profile`]: stored bandwidth measurements per machine, and config overrides.
 
 pub mod anchors;
+pub mod batch;
 pub mod budget;
 pub mod cache;
 pub mod mode;
@@ -27,6 +29,7 @@ pub use anchors::{
     hash_step, prefix_hash, Anchor, AnchorError, AnchorId, AnchorIndex, AnchorStats, Inserted,
     Match as AnchorMatch,
 };
+pub use batch::{plan_step, StepDemand, MIN_PREFILL_CHUNK};
 pub use budget::{
     format_bytes, parse_bytes, plan_memory, KvReserve, MemoryInputs, MemoryPlan, ParseBytesError,
     VramBudget,
