@@ -319,3 +319,25 @@ fn bench_reports_counted_bytes_and_spread() {
         assert!(busy > 0.0 && busy <= 1.05, "pool busy {busy}");
     }
 }
+
+/// `bench --concurrency` measures streams decoding together in batched steps: several
+/// sequences share each step (mean batch above 1 at 3 streams), the aggregate rate and bytes
+/// per step are counted, and `--arrival-prompt` times a long prompt arriving meanwhile.
+#[test]
+fn bench_measures_streams_decoding_together() {
+    let dir = fixture("qwen3_moe").join("checkpoint");
+    let o = ft(&[
+        "bench", "--model", dir.to_str().unwrap(), "--backend", "cpu", "--json", "--repeat", "1", "--prompt-len", "8", "--gen-tokens", "12",
+        "--bandwidth-mib", "16", "--bandwidth-passes", "1", "--concurrency", "1,3", "--arrival-prompt", "40",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let lines: Vec<serde_json::Value> = stdout(&o).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let level = |n: u64| lines.iter().find(|v| v["streams"] == n).unwrap_or_else(|| panic!("no {n}-stream row: {lines:?}"));
+    let (one, three) = (level(1), level(3));
+    assert!(one["aggregate_tok_s"]["median"].as_f64().unwrap() > 0.0);
+    assert!(three["mean_batch"].as_f64().unwrap() > 1.5, "3 streams must share steps: {three}");
+    assert!(three["bytes_per_step"].as_f64().unwrap() > 0.0 && three["speedup_vs_1"].as_f64().is_some());
+    let arrival = lines.iter().find(|v| v.get("arrival_prompt").is_some()).expect("arrival line");
+    assert_eq!(arrival["arrival_prompt"], 40);
+    assert!(arrival["ttft_s"].as_f64().unwrap() > 0.0 && arrival["longest_pause_s"].as_f64().unwrap() > 0.0, "{arrival}");
+}

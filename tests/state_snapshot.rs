@@ -156,3 +156,50 @@ fn a_snapshot_only_restores_into_a_matching_state() {
     assert!(e.contains("snapshot"), "{e}");
     assert_eq!(other.len(), 0);
 }
+
+/// Per-token caches start small and grow as tokens arrive: a sequence that runs past
+/// `INITIAL_ROWS` (in one prefill, and one token at a time) gives the logits of the same
+/// tokens fed to a state whose caches never had to grow, within 1e-5; a snapshot of the grown
+/// state restores into a fresh one; growth stops at the capacity.
+#[test]
+fn caches_grow_as_tokens_arrive_and_change_nothing() {
+    use ft_actor::kv::INITIAL_ROWS;
+    for name in ["qwen3_moe", "deepseek_v3", "gpt_oss", "qwen3_next"] {
+        let model = load(name);
+        let vocab = model.config().vocab_size as u32;
+        let ids: Vec<u32> = (0..INITIAL_ROWS as u32 + 40).map(|i| (i * 7 + 3) % vocab).collect();
+        let cap = ids.len() + 8;
+        // Grown: 200 tokens, then one at a time past INITIAL_ROWS.
+        let mut grown = SequenceState::new(&model, cap).unwrap();
+        assert_eq!(grown.allocated(), INITIAL_ROWS);
+        model.forward(&mut grown, &ids[..200], Logits::None).unwrap();
+        let mut step_logits = vec![];
+        for &t in &ids[200..] {
+            step_logits.push(model.forward(&mut grown, &[t], Logits::Last).unwrap());
+        }
+        assert_eq!(grown.allocated(), cap, "{name}: doubling stops at the capacity");
+        // Never grown: all rows reserved before the first token.
+        let mut whole = SequenceState::new(&model, cap).unwrap();
+        whole.reserve(cap).unwrap();
+        let all = model.forward(&mut whole, &ids, Logits::All).unwrap();
+        let v = vocab as usize;
+        for (i, l) in step_logits.iter().enumerate() {
+            let want = &all[(200 + i) * v..(201 + i) * v];
+            let d = max_abs_diff(l, want);
+            assert!(d <= 1e-4, "{name}: token {} logits differ by {d} after growing", 200 + i);
+        }
+        // A snapshot of the grown state resumes in a fresh, small one.
+        let snap = grown.snapshot().unwrap();
+        let mut fresh = SequenceState::new(&model, cap).unwrap();
+        fresh.restore(&snap).unwrap();
+        assert!(fresh.allocated() >= ids.len());
+        let next = [5u32];
+        let a = model.forward(&mut fresh, &next, Logits::Last).unwrap();
+        let b = model.forward(&mut grown, &next, Logits::Last).unwrap();
+        assert!(max_abs_diff(&a, &b) <= 1e-6, "{name}: restored state differs");
+        // Past the capacity: a typed error, the state untouched.
+        let before = grown.len();
+        assert!(grown.reserve(cap + 1).is_err());
+        assert_eq!(grown.len(), before);
+    }
+}

@@ -130,7 +130,7 @@ pub async fn long_prompt_arrival(
     let handles: Vec<_> = (0..streams)
         .map(|i| {
             let prompt: Vec<u32> = base.iter().map(|t| (t + salt + i as u32 * 31 + 3) % vocab).collect();
-            tokio::spawn(stream(engine.clone(), prompt, 100_000, log.clone(), i))
+            tokio::spawn(stream(engine.clone(), prompt, prompt_len + 64, log.clone(), i))
         })
         .collect();
     // Let every stream decode a few tokens first.

@@ -56,7 +56,8 @@ pub fn run(a: BenchArgs) -> Result<()> {
         let mut config = a.model.engine_config();
         config.moe_mode = mode;
         if let Some(&most) = a.concurrency.iter().max() {
-            config.max_active = config.max_active.max(most);
+            // The arriving prompt runs beside the largest level's streams, not after them.
+            config.max_active = config.max_active.max(most + usize::from(a.arrival_prompt > 0));
         }
         let r = rt.block_on(async {
             let engine = start_engine(config).await?;

@@ -1,6 +1,10 @@
 //! Per-sequence model state: the KV cache of attention layers, the latent cache of MLA
-//! layers and the convolution + recurrent state of linear-attention layers, sized for one
+//! layers and the convolution + recurrent state of linear-attention layers, up to one
 //! sequence's context; plus snapshots of it, which anchors keep to resume a conversation.
+//!
+//! Per-token caches are allocated as tokens arrive (doubling, from [`INITIAL_ROWS`]), not for
+//! the whole context up front: a request that may run to 40k tokens but stops at 300 holds
+//! 512 rows, so many sequences fit where their worst cases would not.
 
 pub mod reuse;
 
@@ -33,12 +37,18 @@ pub enum LayerState {
     },
 }
 
+/// Rows a new state's per-token caches start with.
+pub const INITIAL_ROWS: usize = 256;
+
 /// Everything a sequence carries between forward passes.
 pub struct SequenceState {
     /// One entry per decoder layer.
     pub layers: Vec<LayerState>,
     len: usize,
+    /// Most tokens it may hold.
     capacity: usize,
+    /// Tokens its per-token buffers have room for now (grows up to `capacity`).
+    allocated: usize,
     backend: Arc<dyn Backend>,
 }
 
@@ -116,8 +126,10 @@ enum Extent {
 }
 
 impl SequenceState {
-    /// Allocates state for up to `capacity` tokens on the model's backend.
+    /// State for up to `capacity` tokens on the model's backend; per-token caches start at
+    /// [`INITIAL_ROWS`] rows and grow as tokens arrive.
     pub fn new(model: &Model, capacity: usize) -> Result<SequenceState, ModelError> {
+        let rows = capacity.clamp(1, INITIAL_ROWS);
         let cfg = model.config();
         let be = model.backend();
         let alloc = |len: usize| be.alloc(DType::F32, len, BufferUsage::Kv);
@@ -131,17 +143,17 @@ impl SequenceState {
                     (LayerKind::LinearAttention, _, None) => {
                         return Err(ModelError::Invalid("linear-attention layer without its settings".into()))
                     }
-                    (_, Some(m), _) => LayerState::Latent { kv: alloc(capacity * m.cache_width())? },
+                    (_, Some(m), _) => LayerState::Latent { kv: alloc(rows * m.cache_width())? },
                     // Sliding-window layers get the full context too (the attention op masks by
                     // position); a ring buffer of `window` rows would save memory there.
                     _ => {
                         let per_token = cfg.num_kv_heads * cfg.head_dim;
-                        LayerState::Attention { k: alloc(capacity * per_token)?, v: alloc(capacity * per_token)? }
+                        LayerState::Attention { k: alloc(rows * per_token)?, v: alloc(rows * per_token)? }
                     }
                 })
             })
             .collect::<Result<_, ModelError>>()?;
-        Ok(SequenceState { layers, len: 0, capacity, backend: model.backend_arc() })
+        Ok(SequenceState { layers, len: 0, capacity, allocated: rows, backend: model.backend_arc() })
     }
 
     /// Tokens processed so far.
@@ -157,6 +169,53 @@ impl SequenceState {
     /// Tokens this state can hold.
     pub fn capacity(&self) -> usize {
         self.capacity
+    }
+
+    /// Tokens its per-token buffers have room for before they grow again.
+    pub fn allocated(&self) -> usize {
+        self.allocated
+    }
+
+    /// Makes room for `tokens` tokens: per-token buffers grow to at least twice their rows
+    /// (at most `capacity`), keeping what they hold. On failure the state is as it was.
+    pub fn reserve(&mut self, tokens: usize) -> Result<(), ModelError> {
+        if tokens > self.capacity {
+            return Err(ModelError::ContextOverflow { needed: tokens, capacity: self.capacity });
+        }
+        if tokens <= self.allocated {
+            return Ok(());
+        }
+        let rows = tokens.max(self.allocated * 2).min(self.capacity);
+        let be = self.backend.clone();
+        let (old, len) = (self.allocated, self.len);
+        // Every new buffer is made before any replaces its old one.
+        let mut grown = Vec::new();
+        for (buf, extent) in self.buffers() {
+            if let Extent::PerToken(per) = extent {
+                let mut new = be.alloc(DType::F32, rows * per, BufferUsage::Kv)?;
+                if len > 0 {
+                    copy_prefix(be.as_ref(), buf, &mut new, len * per)?;
+                }
+                grown.push(new);
+            }
+        }
+        let mut grown = grown.into_iter();
+        let mut next = || grown.next().ok_or_else(|| ModelError::Invalid("kv growth lost a buffer".into()));
+        for l in &mut self.layers {
+            match l {
+                LayerState::Attention { k, v } => {
+                    *k = next()?;
+                    *v = next()?;
+                }
+                LayerState::Latent { kv } => {
+                    *kv = next()?;
+                }
+                LayerState::Recurrent { .. } => {}
+            }
+        }
+        tracing::trace!("sequence state grown from {old} to {rows} rows");
+        self.allocated = rows;
+        Ok(())
     }
 
     /// Whether some layer keeps recurrent state, which summarises all tokens and so cannot
@@ -185,7 +244,7 @@ impl SequenceState {
 
     /// Every state buffer with how it grows, in a fixed order (layer by layer).
     fn buffers(&self) -> Vec<(&DeviceBuffer, Extent)> {
-        let capacity = self.capacity.max(1);
+        let capacity = self.allocated.max(1);
         let mut out = Vec::new();
         for l in &self.layers {
             match l {
@@ -297,6 +356,7 @@ impl SequenceState {
             return Err(ModelError::Invalid("snapshot layers do not match this model's state".into()));
         }
         // Per-token buffers only need the kept prefix; fixed-size ones are copied whole.
+        self.reserve(len)?;
         let keep = self.snapshot_extents(len);
         let be = self.backend.clone();
         for ((dst, part), n) in self.buffers_mut().into_iter().zip(&snapshot.parts).zip(keep) {

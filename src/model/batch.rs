@@ -71,6 +71,10 @@ impl Model {
         for item in items.iter() {
             item.check(self)?;
         }
+        for item in items.iter_mut() {
+            let needed = item.state.len() + item.tokens.len();
+            item.state.reserve(needed)?;
+        }
         let cfg = self.config();
         let be = self.backend();
         let h = cfg.hidden_size;
