@@ -12,9 +12,13 @@
 #   FT_GPU_CHECK_LAYERS   layers of the synthetic model (default 4)
 #   FT_GPU_CHECK_SLOTS    expert cache slots for bench (default: a quarter of the experts)
 #   FT_GPU_CHECK_MODES    --moe-mode values for bench (default offload,cpu,hybrid)
+#   FT_GPU_CHECK_QUANT    formats the synthetic model is also quantized to and benched in
+#                         (default nvfp4; comma-separated fp8, nvfp4, mxfp4, or none)
 #   FT_GPU_CHECK_LOG      log file (default gpu-check.log)
 #   FT_GPU_CHECK_BUDGET   seconds for the whole run (default 470); every step's limit is cut
 #                         to what is left, so the script ends in time even when a step hangs
+#   FT_GPU_CHECK_BIN_DIR  a folder of prebuilt binaries from scripts/gpu-bundle.sh: nothing is
+#                         built, so a GPU machine without a Rust toolchain can run the check
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -22,6 +26,7 @@ BACKEND="${FT_GPU_CHECK_BACKEND:-cuda}"
 PROFILE="${FT_GPU_CHECK_PROFILE:-release}"
 LAYERS="${FT_GPU_CHECK_LAYERS:-4}"
 MODES="${FT_GPU_CHECK_MODES:-offload,cpu,hybrid}"
+QUANT="${FT_GPU_CHECK_QUANT:-nvfp4}"
 LOG="${FT_GPU_CHECK_LOG:-gpu-check.log}"
 WORK="${TMPDIR:-/tmp}/ft-gpu-check"
 BUDGET="${FT_GPU_CHECK_BUDGET:-470}"
@@ -53,11 +58,17 @@ step() {
   return $rc
 }
 
+BIN_DIR="${FT_GPU_CHECK_BIN_DIR:-}"
 case "$PROFILE" in
   release) CARGO_PROFILE=(--release); BIN=target/release/ft-actor ;;
   debug) CARGO_PROFILE=(); BIN=target/debug/ft-actor ;;
   *) echo "FT_GPU_CHECK_PROFILE must be release or debug" >&2; exit 2 ;;
 esac
+if [ -n "$BIN_DIR" ]; then
+  BIN="$BIN_DIR/ft-actor"
+  # The test binaries look for tests/fixtures under the tree they were built in unless told.
+  export FT_REPO_DIR="$PWD"
+fi
 case "$BACKEND" in
   cuda | cpu) ;;
   *) echo "FT_GPU_CHECK_BACKEND must be cuda or cpu" >&2; exit 2 ;;
@@ -74,13 +85,26 @@ done
 # A system-wide pip install of nvidia-cuda-nvrtc-cu12 works too.
 wheel_lib=$(python3 -c 'import nvidia.cuda_nvrtc as m, os; print(os.path.join(list(m.__path__)[0], "lib"))' 2>/dev/null || true)
 [ -n "$wheel_lib" ] && [ -d "$wheel_lib" ] && export LD_LIBRARY_PATH="$wheel_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+mkdir -p "$WORK"
 have_nvrtc=no
 for d in ${LD_LIBRARY_PATH:+${LD_LIBRARY_PATH//:/ }}; do
   compgen -G "$d/libnvrtc.so*" >/dev/null && have_nvrtc=yes
 done
 ldconfig -p 2>/dev/null | grep -q libnvrtc && have_nvrtc=yes
+# cudarc asks the loader for libnvrtc.so, .so.12 and older: a toolkit or wheel newer than 12
+# that ships only libnvrtc.so.13 gets an unversioned link (its own folder stays on the path
+# for libnvrtc-builtins).
+if ! compgen -G "${CUDA_HOME:-/usr/local/cuda}/lib64/libnvrtc.so" >/dev/null; then
+  newer=$( (ls "${CUDA_HOME:-/usr/local/cuda}"/lib64/libnvrtc.so.1[3-9]* 2>/dev/null;
+    find / -xdev -name 'libnvrtc.so.1[3-9]' 2>/dev/null) | head -1)
+  if [ -n "$newer" ]; then
+    mkdir -p "$WORK/nvrtc"
+    ln -sfn "$newer" "$WORK/nvrtc/libnvrtc.so"
+    export LD_LIBRARY_PATH="$WORK/nvrtc:$(dirname "$newer")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    have_nvrtc=yes
+  fi
+fi
 export FT_CUDA_CACHE_DIR="$WORK/ptx"
-mkdir -p "$WORK"
 
 say "ft-actor GPU check: backend $BACKEND, profile $PROFILE, log $LOG"
 command -v nvidia-smi >/dev/null && step 20 nvidia-smi
@@ -88,26 +112,39 @@ if [ "$BACKEND" = cuda ] && [ "$have_nvrtc" = no ]; then
   say "warning: libnvrtc not found (no CUDA toolkit, no nvidia-cuda-nvrtc-cu12): the CUDA backend cannot compile its kernels; run .ci/install-nvrtc.sh where pip can reach PyPI"
 fi
 
-# 1. Build (binary and the test binaries used below).
-if ! step =420 cargo build "${CARGO_PROFILE[@]}" --bin ft-actor; then
+# 1. Build (binary and the test binaries used below), unless they came prebuilt.
+if [ -n "$BIN_DIR" ]; then
+  say "prebuilt binaries from $BIN_DIR: $(cd "$BIN_DIR" && echo *)"
+elif ! step =420 cargo build "${CARGO_PROFILE[@]}" --bin ft-actor; then
   say "build failed; see $LOG"
   exit 1
+else
+  step =300 cargo test "${CARGO_PROFILE[@]}" --no-run -p ft-backend-cuda
+  step =300 cargo test "${CARGO_PROFILE[@]}" --no-run --test fixture_models
 fi
-step =300 cargo test "${CARGO_PROFILE[@]}" --no-run -p ft-backend-cuda
-step =300 cargo test "${CARGO_PROFILE[@]}" --no-run --test fixture_models
 
 # 2. Backend tests: conformance (one test per op and dtype) and the NVRTC compile check.
 # FT_CUDA_QUANT=1 enables the CUDA quantized-weight matmul kernels, which are off (and
 # unclaimed by supports()) until they have passed here: the matmul_fp8, matmul_nvfp4,
 # matmul_mxfp4, matmul_q8_0, matmul_q4_0, matmul_q4_k, matmul_q5_k, matmul_q6_k cases run them.
-if [ "$BACKEND" = cuda ]; then
-  CONF=(env FT_CUDA_QUANT=1 cargo test "${CARGO_PROFILE[@]}" -p ft-backend-cuda -- --nocapture)
-else
-  CONF=(cargo test "${CARGO_PROFILE[@]}" -p ft-backend-cpu --test conformance -- --nocapture auto::)
-fi
 CONF_OUT="$WORK/conformance.txt"
-say "\$ ${CONF[*]}"
-timeout --kill-after=10 "$(lim 120)" "${CONF[@]}" >"$CONF_OUT" 2>&1
+: >"$CONF_OUT"
+if [ -n "$BIN_DIR" ]; then
+  # The CUDA crate's test binaries in turn (unit, conformance, NVRTC; host_decode needs no GPU).
+  for t in "$BIN_DIR"/ft_backend_cuda-lib "$BIN_DIR"/conformance "$BIN_DIR"/nvrtc_compile; do
+    [ -x "$t" ] || continue
+    say "\$ FT_CUDA_QUANT=1 $t --nocapture"
+    FT_CUDA_QUANT=1 timeout --kill-after=10 "$(lim 90)" "$t" --nocapture >>"$CONF_OUT" 2>&1
+  done
+else
+  if [ "$BACKEND" = cuda ]; then
+    CONF=(env FT_CUDA_QUANT=1 cargo test "${CARGO_PROFILE[@]}" -p ft-backend-cuda -- --nocapture)
+  else
+    CONF=(cargo test "${CARGO_PROFILE[@]}" -p ft-backend-cpu --test conformance -- --nocapture auto::)
+  fi
+  say "\$ ${CONF[*]}"
+  timeout --kill-after=10 "$(lim 120)" "${CONF[@]}" >"$CONF_OUT" 2>&1
+fi
 cat "$CONF_OUT" >>"$LOG"
 ops_ok=$(grep -cE '^test .* \.\.\. ok$' "$CONF_OUT")
 ops_bad=$(grep -cE '^test .* \.\.\. FAILED$' "$CONF_OUT")
@@ -115,8 +152,13 @@ ops_skip=$(grep -c '^skipped:' "$CONF_OUT")
 
 # 3. Fixture models against the transformers references, on the backend under test.
 FIX_OUT="$WORK/fixtures.txt"
-say "\$ FT_TEST_BACKEND=$BACKEND cargo test ${CARGO_PROFILE[*]} --test fixture_models"
-FT_TEST_BACKEND=$BACKEND timeout --kill-after=10 "$(lim 120)" cargo test "${CARGO_PROFILE[@]}" --test fixture_models -- --test-threads=2 >"$FIX_OUT" 2>&1
+if [ -n "$BIN_DIR" ]; then
+  FIX=("$BIN_DIR/fixture_models")
+else
+  FIX=(cargo test "${CARGO_PROFILE[@]}" --test fixture_models --)
+fi
+say "\$ FT_TEST_BACKEND=$BACKEND ${FIX[*]}"
+FT_TEST_BACKEND=$BACKEND timeout --kill-after=10 "$(lim 120)" "${FIX[@]}" --test-threads=2 >"$FIX_OUT" 2>&1
 cat "$FIX_OUT" >>"$LOG"
 fix_ok=$(grep -cE '^test .* \.\.\. ok$' "$FIX_OUT")
 fix_bad=$(grep -cE '^test .* \.\.\. FAILED$' "$FIX_OUT")
@@ -152,6 +194,16 @@ if step 90 "$BIN" synth --like qwen3-30b-a3b --layers "$LAYERS" --dtype bf16 --o
   timeout --kill-after=10 "$(lim 200)" "$BIN" bench --model "$SYNTH" --backend "$BACKEND" --modes "$MODES" \
     --expert-cache-slots "$slots" --ctx-size 1024 --prompt-len 64 --gen-tokens 32 --bandwidth-mib 256 --json >"$BENCH_OUT" 2>>"$LOG"
   cat "$BENCH_OUT" >>"$LOG"
+  # The same weights packed as publishers ship them, on the quantized matmul kernels.
+  for fmt in ${QUANT//,/ }; do
+    [ "$fmt" = none ] && continue
+    if step 120 "$BIN" quantize --model "$SYNTH" --format "$fmt" --out "$SYNTH-$fmt" --overwrite; then
+      say "\$ FT_CUDA_QUANT=1 $BIN bench --model $SYNTH-$fmt --backend $BACKEND --modes $MODES --expert-cache-slots $slots --json"
+      FT_CUDA_QUANT=1 timeout --kill-after=10 "$(lim 200)" "$BIN" bench --model "$SYNTH-$fmt" --backend "$BACKEND" --modes "$MODES" \
+        --expert-cache-slots "$slots" --ctx-size 1024 --prompt-len 64 --gen-tokens 32 --bandwidth-mib 256 --json 2>>"$LOG" |
+        sed "s/^{/{\"format\":\"$fmt\",/" | tee -a "$LOG" >>"$BENCH_OUT"
+    fi
+  done
 fi
 
 # 6. Summary.
@@ -178,13 +230,17 @@ for line in open(sys.argv[1]):
 if not rows:
     print("bench: no results (see the log)")
     sys.exit(0)
-print("| moe mode | effective | cache slots | decode tok/s | prefill tok/s | hit rate | PCIe GB/s achieved | host→device GB/s measured |")
-print("|---|---|---|---|---|---|---|---|")
+print("| format | moe mode | effective | cache slots | decode tok/s | prefill tok/s | hit rate | PCIe GB/s achieved | host→device GB/s measured |")
+print("|---|---|---|---|---|---|---|---|---|")
+def med(x):
+    return (x or {}).get("median", 0) if isinstance(x, dict) else (x or 0)
 for r in rows:
-    pcie = r.get("bytes_moved_per_token", 0) * r.get("decode_tok_s", 0) / 1e9
+    if "decode_tok_s" not in r:
+        continue
+    pcie = r.get("bytes_moved_per_token", 0) * med(r.get("decode_tok_s")) / 1e9
     b_p = (r.get("b_p") or 0) / 1e9
-    print(f"| {r['mode']} | {str(r.get('effective', '?')).split(' ')[0]} | {r.get('cache_slots', '?')} | {r.get('decode_tok_s', 0):.2f} | "
-          f"{r.get('prefill_tok_s', 0):.1f} | {100 * r.get('hit_rate', 0):.0f} % | {pcie:.2f} | {b_p:.2f} |")
+    print(f"| {r.get('format', 'bf16')} | {r['mode']} | {str(r.get('effective', '?')).split(' ')[0]} | {r.get('cache_slots', '?')} | "
+          f"{med(r.get('decode_tok_s')):.2f} | {med(r.get('prefill_tok_s')):.1f} | {100 * r.get('hit_rate', 0):.0f} % | {pcie:.2f} | {b_p:.2f} |")
 PY
 } | tee -a "$LOG"
 

@@ -6,9 +6,15 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
 
+/// The repository root: `$FT_REPO_DIR` where a test binary runs away from the tree it was
+/// built in (scripts/gpu-check.sh with prebuilt binaries), else the crate's own folder.
+pub fn repo_dir() -> PathBuf {
+    std::env::var_os("FT_REPO_DIR").map(PathBuf::from).unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")))
+}
+
 /// `tests/fixtures/<name>`.
 pub fn fixture(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name)
+    repo_dir().join("tests/fixtures").join(name)
 }
 
 /// The parsed `reference.json` of a fixture.
