@@ -68,6 +68,8 @@ struct EngineKeys {
     ctx_size: Option<usize>,
     max_active: usize,
     step_tokens: usize,
+    #[serde(deserialize_with = "lenient::string")]
+    kv_budget: String,
     max_queue: usize,
     #[serde(default, deserialize_with = "lenient::opt_string")]
     b_p: Option<String>,
@@ -114,6 +116,7 @@ impl From<&EngineConfig> for EngineKeys {
             ctx_size: c.ctx_size,
             max_active: c.max_active,
             step_tokens: c.step_tokens,
+            kv_budget: c.kv_budget.map_or("auto".into(), |b| b.to_string()),
             max_queue: c.max_queue,
             b_p: c.b_p.map(|v| v.to_string()),
             b_h: c.b_h.map(|v| v.to_string()),
@@ -158,6 +161,13 @@ impl EngineKeys {
             ctx_size: self.ctx_size,
             max_active: self.max_active,
             step_tokens: self.step_tokens,
+            kv_budget: match self.kv_budget.trim() {
+                "auto" => None,
+                b => match parse_bytes(b).map_err(|e| bad("kv_budget", e.to_string()))? {
+                    0 => return Err(bad("kv_budget", "must be more than 0 (or auto)".into())),
+                    b => Some(b),
+                },
+            },
             max_queue: self.max_queue,
             b_p: rate("b_p", &self.b_p)?,
             b_h: rate("b_h", &self.b_h)?,

@@ -28,8 +28,11 @@ pub fn demo_model_dir() -> std::io::Result<PathBuf> {
         let path = dir.join(name);
         let same = std::fs::metadata(&path).map(|m| m.len() == bytes.len() as u64).unwrap_or(false);
         if !same {
-            // Write to a temporary name first so a concurrent reader never sees half a file.
-            let tmp = dir.join(format!(".{name}.{}", std::process::id()));
+            // Write to a temporary name first so a concurrent reader never sees half a file;
+            // the name is unique per call, since threads of one process (tests) race here too.
+            static CALLS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+            let n = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let tmp = dir.join(format!(".{name}.{}.{n}", std::process::id()));
             std::fs::write(&tmp, bytes)?;
             std::fs::rename(&tmp, &path)?;
         }

@@ -190,6 +190,8 @@ fn a_resize_is_bounded_by_the_budget_and_rolls_back_a_failed_allocation() {
         probe.shutdown().await;
         let mut cfg = pipeline_config(fixture(NAME).join("checkpoint"), 0, MoeMode::Auto);
         cfg.vram_budget = VramBudget::Bytes(m.non_expert_bytes + m.kv_bytes + m.scratch_bytes + 5 * expert_bytes + expert_bytes / 2);
+        // The pool as the probe planned it (auto would take its share of the smaller budget).
+        cfg.kv_budget = Some(m.kv_bytes);
         let engine = Engine::spawn(cfg, None).await.unwrap();
         assert_eq!(engine.info().memory.max_cache_slots, 5);
         let e = engine.resize_cache(6).await.expect_err("past the budget");

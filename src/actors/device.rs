@@ -139,6 +139,8 @@ pub struct DeviceArgs {
     pub reuse: PrefixStore,
     /// Most tokens one batched step runs (decodes plus prompt chunks).
     pub step_tokens: usize,
+    /// Bytes the sequences' per-token caches may hold together (the KV pool).
+    pub kv_pool: u64,
 }
 
 /// The device stream actor.
@@ -174,6 +176,9 @@ struct Seq {
     sampled: bool,
     /// Whether its last step failed and it was recomputed (a second failure fails it).
     retried: bool,
+    /// Waiting for room in the KV pool (never started, or preempted): it holds a one-row
+    /// state and is rebuilt from `history` when it runs again.
+    waiting: bool,
 }
 
 impl Seq {
@@ -244,7 +249,7 @@ impl Worker {
 
     /// Saves `s`'s state in `reuse` under the tokens it holds.
     fn record_anchor(reuse: &mut PrefixStore, s: &mut Seq) {
-        if s.broken || !reuse.enabled() {
+        if s.broken || s.waiting || !reuse.enabled() {
             return;
         }
         let len = s.state.len();
@@ -319,6 +324,9 @@ impl Worker {
         }
         d.moe_mode = format!("{} → {:?} ({})", self.args.moe, self.args.mode, self.mode_why);
         d.sequences = self.seqs.len();
+        d.kv_pool_bytes = self.args.kv_pool;
+        d.kv_used_bytes = self.seqs.values().filter(|s| !s.waiting).map(|s| s.state.held_bytes()).sum();
+        d.kv_waiting = self.seqs.values().filter(|s| s.waiting).count() as u64;
         d
     }
 

@@ -91,10 +91,11 @@ pub fn run(a: InfoArgs) -> Result<()> {
     println!("bandwidths       B_P {:.2} GB/s host→device, B_H {:.2} GB/s CPU experts ({})", info.b_p / 1e9, info.b_h / 1e9, info.bandwidth_source);
     println!("miss split       {}; q* = {:.2} of {m} misses fetched", info.moe_mode, q);
     println!(
-        "memory plan      budget {}: non-expert {}, KV {}, scratch {}, {} expert cache slots ({} of {} experts, {}), layer buffers {}",
+        "memory plan      budget {}: non-expert {}, KV pool {} (a sequence up to {} tokens), scratch {}, {} expert cache slots ({} of {} experts, {}), layer buffers {}",
         format_bytes(mem.budget_bytes),
         format_bytes(mem.non_expert_bytes),
         format_bytes(mem.kv_bytes),
+        mem.kv_context,
         format_bytes(mem.scratch_bytes),
         mem.cache_slots,
         mem.cache_slots,

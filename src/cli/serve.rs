@@ -61,6 +61,10 @@ pub struct ConfigArgs {
     #[arg(long, value_name = "N")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub step_tokens: Option<usize>,
+    /// Bytes of the KV pool the sequences share (e.g. 4GiB), or auto.
+    #[arg(long, value_name = "BYTES")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kv_budget: Option<String>,
     /// Requests waiting beyond the active ones before new ones get 429.
     #[arg(long, value_name = "N")]
     #[serde(skip_serializing_if = "Option::is_none")]

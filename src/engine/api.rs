@@ -34,6 +34,10 @@ pub struct EngineConfig {
     /// Most tokens one batched step runs: a decoded token per running sequence, the rest
     /// for prompt chunks, so a long prompt arrives in chunks between decode steps.
     pub step_tokens: usize,
+    /// Bytes of the KV pool every running sequence's per-token caches share (`None`: auto, a
+    /// share of the device memory left after the weights; see `policy::kv_pool`). When the
+    /// next step would overflow it, the youngest sequence is preempted and resumed later.
+    pub kv_budget: Option<u64>,
     /// Requests waiting beyond the active ones before new ones are refused.
     pub max_queue: usize,
     /// Host→device bandwidth (bytes/s), overriding measurement and profile.
@@ -65,6 +69,7 @@ impl Default for EngineConfig {
             ctx_size: None,
             max_active: 4,
             step_tokens: 512,
+            kv_budget: None,
             max_queue: 64,
             b_p: None,
             b_h: None,
@@ -321,6 +326,14 @@ pub struct EngineStats {
     pub max_batch: u64,
     /// Sequences recomputed from their tokens after a batched step they were in failed.
     pub recomputes: u64,
+    /// Running sequences preempted because the next step would have overflowed the KV pool.
+    pub preemptions: u64,
+    /// Bytes of the KV pool.
+    pub kv_pool_bytes: u64,
+    /// Bytes of it the sequences' caches held after the last step.
+    pub kv_used_bytes: u64,
+    /// Sequences waiting for room in the KV pool after the last step (new or preempted).
+    pub kv_waiting: u64,
     /// Seconds of decode step wall time.
     pub decode_s: f64,
     /// Weight bytes the decode steps read, from [`crate::model::reads`] (process-wide: exact

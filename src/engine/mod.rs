@@ -7,6 +7,7 @@
 
 mod api;
 mod driver;
+pub mod memory;
 mod start;
 
 pub use api::*;

@@ -18,7 +18,8 @@ use crate::model::info::stats;
 use crate::kv::reuse::{PrefixStore, ReuseSettings};
 use crate::model::config::LayerKind;
 use crate::model::Model;
-use crate::policy::{self, plan_memory, BandwidthProfile, KvReserve, MemoryInputs, SplitCosts, VramBudget};
+use super::memory::{plan_engine_memory, reuse_device_bytes, PlanDevice, PlanFacts};
+use crate::policy::{self, BandwidthProfile, SplitCosts};
 use crate::tokenizer::{Tokenizer, TokenizerError};
 use ft_backend::{Backend, BackendKind};
 use ractor::Actor;
@@ -118,41 +119,26 @@ pub(super) async fn spawn(
     if !device_experts {
         tracing::warn!("the {} backend has no {} matmul kernel: routed experts run on the CPU, with no expert cache", backend.kind(), dtype);
     }
-    let slots_override = match (config.expert_cache_slots, cpu_device, config.vram_budget) {
-        _ if !device_experts => Some(0),
-        (Some(n), _, _) => Some(n),
-        (None, true, VramBudget::Auto) => Some(0),
-        _ => None,
-    };
     let mem = backend.memory_info().map_err(start_err)?;
-    let reuse_device = match (config.prefix_cache_device_budget, cpu_device) {
-        (Some(b), _) => b.min(config.prefix_cache_budget),
-        (None, true) => config.prefix_cache_budget,
-        (None, false) => (mem.total / 20).min(1 << 30).min(config.prefix_cache_budget),
-    };
-    let memory = plan_memory(&MemoryInputs {
-        device_free: mem.free,
-        device_total: mem.total,
-        budget: config.vram_budget,
-        non_expert_bytes: if cpu_device { 0 } else { st.non_expert_bytes },
-        kv: KvReserve { bytes_per_token: st.kv_bytes_per_token, context: context as u64, sequences: config.max_active as u64 },
-        // Recurrent layers keep a fixed-size state per sequence beside the per-token caches.
-        // Saved prefix states kept on a GPU are reserved like scratch.
-        scratch_bytes: (64 << 20)
-            + st.state_bytes_per_sequence * config.max_active as u64
-            + if cpu_device { 0 } else { reuse_device },
+    let device = PlanDevice { memory: mem, cpu: cpu_device, experts: device_experts };
+    let reuse_device = reuse_device_bytes(&config, &device);
+    let facts = PlanFacts {
+        non_expert_bytes: st.non_expert_bytes,
+        kv_bytes_per_token: st.kv_bytes_per_token,
+        state_bytes_per_sequence: st.state_bytes_per_sequence,
         expert_bytes: shape.bytes(),
         experts_per_layer: cfg.num_experts as u64,
         moe_layers: cfg.num_moe_layers() as u64,
-        streaming_prefill: config.prefill != PrefillMode::Decode && device_experts,
-        cache_slots_override: slots_override,
-    });
+    };
+    let memory = plan_engine_memory(&config, &facts, context, &device);
     if !memory.fits {
         return Err(EngineError::Start(memory.error.clone().unwrap_or_else(|| "the model does not fit the memory budget".into())));
     }
     for w in &memory.warnings {
         tracing::warn!("{w}");
     }
+    // A sequence never holds more than the pool: a longer context is refused at admission.
+    let context = context.min(memory.kv_context.max(1) as usize);
 
     // Bandwidths: configured > stored profile > measured now (then stored).
     let machine = policy::machine_id();
@@ -214,6 +200,7 @@ pub(super) async fn spawn(
             backend.clone(),
         ),
         step_tokens: config.step_tokens.max(1),
+        kv_pool: memory.kv_bytes,
     };
     let (device, _) = Actor::spawn(None, DeviceStream, device_args).await.map_err(start_err)?;
     let info = Arc::new(EngineInfo {

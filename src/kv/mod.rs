@@ -129,7 +129,13 @@ impl SequenceState {
     /// State for up to `capacity` tokens on the model's backend; per-token caches start at
     /// [`INITIAL_ROWS`] rows and grow as tokens arrive.
     pub fn new(model: &Model, capacity: usize) -> Result<SequenceState, ModelError> {
-        let rows = capacity.clamp(1, INITIAL_ROWS);
+        Self::with_rows(model, capacity, INITIAL_ROWS)
+    }
+
+    /// State for up to `capacity` tokens whose per-token caches start at `rows` rows (at
+    /// least 1): a sequence waiting for room in the KV pool holds one.
+    pub fn with_rows(model: &Model, capacity: usize, rows: usize) -> Result<SequenceState, ModelError> {
+        let rows = rows.min(capacity).max(1);
         let cfg = model.config();
         let be = model.backend();
         let alloc = |len: usize| be.alloc(DType::F32, len, BufferUsage::Kv);
@@ -176,6 +182,17 @@ impl SequenceState {
         self.allocated
     }
 
+    /// Bytes its per-token caches hold now (what it takes from the KV pool).
+    pub fn held_bytes(&self) -> u64 {
+        self.buffers().iter().map(|(b, e)| if matches!(e, Extent::PerToken(_)) { b.size_bytes() as u64 } else { 0 }).sum()
+    }
+
+    /// Bytes its per-token caches would hold after growing to `tokens` tokens.
+    pub fn bytes_after(&self, tokens: usize) -> u64 {
+        let rows = crate::policy::rows_after(self.allocated, tokens.min(self.capacity), self.capacity);
+        self.held_bytes() / self.allocated.max(1) as u64 * rows as u64
+    }
+
     /// Makes room for `tokens` tokens: per-token buffers grow to at least twice their rows
     /// (at most `capacity`), keeping what they hold. On failure the state is as it was.
     pub fn reserve(&mut self, tokens: usize) -> Result<(), ModelError> {
@@ -185,7 +202,7 @@ impl SequenceState {
         if tokens <= self.allocated {
             return Ok(());
         }
-        let rows = tokens.max(self.allocated * 2).min(self.capacity);
+        let rows = crate::policy::rows_after(self.allocated, tokens, self.capacity);
         let be = self.backend.clone();
         let (old, len) = (self.allocated, self.len);
         // Every new buffer is made before any replaces its old one.

@@ -1,7 +1,7 @@
 //! Device memory budget: how much VRAM goes to fixed needs and how many expert slots remain.
 //!
 //! The expert cache is whatever is left after the things that must be on the device: non-expert
-//! weights, the KV reserve for the configured context and parallel sequences, kernel scratch,
+//! weights, the KV pool shared by the sequences' caches (see `kv_pool`), kernel scratch,
 //! and — only if streaming prefill is enabled — two layer buffers (`2 · E · s`) for double
 //! buffering. Planning this once, in plain arithmetic, lets `ft-actor info` show the plan before
 //! any allocation and turns an impossible configuration into a message instead of an OOM.
@@ -15,6 +15,8 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
+
+use super::kv_pool::{size_kv_pool, MIN_KV_TOKENS};
 
 const KIB: u64 = 1 << 10;
 const MIB: u64 = 1 << 20;
@@ -131,7 +133,8 @@ impl fmt::Display for VramBudget {
     }
 }
 
-/// KV cache reservation: `bytes_per_token × context × sequences`.
+/// What the KV pool is sized from: the worst case is `bytes_per_token × context × sequences`
+/// (see [`super::kv_pool::size_kv_pool`] for what `auto` takes).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct KvReserve {
     /// KV bytes per token, all layers together.
@@ -140,10 +143,13 @@ pub struct KvReserve {
     pub context: u64,
     /// Sequences served in parallel.
     pub sequences: u64,
+    /// `kv_budget`: the pool's size as configured (`None`: auto).
+    pub pool: Option<u64>,
 }
 
 impl KvReserve {
-    /// Total bytes (saturating: an absurd configuration then simply does not fit).
+    /// The worst case: every sequence at full context (saturating: an absurd configuration
+    /// then simply does not fit).
     pub fn bytes(&self) -> u64 {
         self.bytes_per_token
             .saturating_mul(self.context)
@@ -190,8 +196,10 @@ pub struct MemoryPlan {
     pub cache_bytes: u64,
     /// Non-expert weights.
     pub non_expert_bytes: u64,
-    /// KV reservation.
+    /// The KV pool all sequences' per-token caches share.
     pub kv_bytes: u64,
+    /// Tokens one sequence may hold: the configured context, or what the pool holds if less.
+    pub kv_context: u64,
     /// Scratch reservation.
     pub scratch_bytes: u64,
     /// Two layer buffers, or 0 when streaming prefill is off or did not fit.
@@ -234,7 +242,6 @@ pub fn plan_memory(inp: &MemoryInputs) -> MemoryPlan {
     let known = inp.device_total > 0;
     let mut plan = MemoryPlan {
         non_expert_bytes: inp.non_expert_bytes,
-        kv_bytes: inp.kv.bytes(),
         scratch_bytes: inp.scratch_bytes,
         total_experts: inp.experts_per_layer.saturating_mul(inp.moe_layers),
         fits: true,
@@ -270,6 +277,25 @@ pub fn plan_memory(inp: &MemoryInputs) -> MemoryPlan {
         VramBudget::Bytes(b) => b,
     };
 
+    // The KV pool takes its share of what the weights and scratch leave; where the device's
+    // size is unknown (and no budget given) the worst case is planned, as nothing limits it.
+    let base = plan.non_expert_bytes.saturating_add(plan.scratch_bytes);
+    let room = (known || matches!(inp.budget, VramBudget::Bytes(_))).then(|| plan.budget_bytes.saturating_sub(base));
+    match size_kv_pool(&inp.kv, room) {
+        Ok(p) => {
+            plan.kv_bytes = p.bytes;
+            plan.kv_context = p.context;
+            plan.notes.push(p.note);
+            plan.warnings.extend(p.warning);
+        }
+        Err(e) if base <= plan.budget_bytes => {
+            plan.fits = false;
+            plan.error = Some(e);
+            return plan;
+        }
+        // The weights alone do not fit: said below.
+        Err(_) => plan.kv_bytes = inp.kv.bytes_per_token.saturating_mul(MIN_KV_TOKENS.min(inp.kv.context)),
+    }
     let fixed = plan
         .non_expert_bytes
         .saturating_add(plan.kv_bytes)
@@ -277,8 +303,8 @@ pub fn plan_memory(inp: &MemoryInputs) -> MemoryPlan {
     if fixed > plan.budget_bytes {
         plan.fits = false;
         plan.error = Some(format!(
-            "non-expert weights ({}) + KV reserve ({}) + scratch ({}) = {} exceed the VRAM budget \
-             of {} by {}; reduce the context length or parallel sequences, raise --vram-budget, \
+            "non-expert weights ({}) + KV pool ({}) + scratch ({}) = {} exceed the VRAM budget \
+             of {} by {}; lower kv_budget or the context length, raise --vram-budget, \
              or use --backend cpu",
             f(plan.non_expert_bytes),
             f(plan.kv_bytes),
@@ -446,6 +472,7 @@ mod tests {
                 bytes_per_token: 96 * KIB,
                 context: 32768,
                 sequences: 1,
+                pool: None,
             },
             scratch_bytes: 512 * MIB,
             expert_bytes: 9 * MIB,
@@ -574,8 +601,14 @@ mod tests {
         let mut inp = card();
         inp.budget = VramBudget::Bytes(2 * GIB + 3 * GIB + 512 * MIB + 4 * MIB);
         inp.streaming_prefill = false;
+        // Auto keeps a quarter of what is left for experts, shortening the context...
         let p = plan_memory(&inp);
-        assert!(p.fits && p.cache_slots == 0);
+        assert!(p.fits && p.cache_slots > 0 && p.kv_context < 32768);
+        assert!(p.warnings.iter().any(|w| w.contains("context limited")));
+        // ...an explicit pool takes what it is given.
+        inp.kv.pool = Some(3 * GIB);
+        let p = plan_memory(&inp);
+        assert!(p.fits && p.cache_slots == 0 && p.kv_context == 32768);
         assert!(p.warnings.iter().any(|w| w.contains("run on the CPU")));
 
         let mut inp = card();
@@ -595,6 +628,7 @@ mod tests {
             bytes_per_token: u64::MAX,
             context: u64::MAX,
             sequences: 2,
+            pool: None,
         };
         let p = plan_memory(&inp);
         assert!(!p.fits);

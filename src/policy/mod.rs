@@ -14,12 +14,14 @@
 //! - [`mode`]: `--moe auto|offload|cpu|hybrid` and how `auto` resolves.
 //! - [`planner`]: prefill by the decode path or by double-buffered layer streaming.
 //! - [`budget`]: the device memory plan and the `--vram-budget` parser.
+//! - [`kv_pool`]: the KV pool's size, and which sequences run or are preempted when it fills.
 //! - [`profile`]: stored bandwidth measurements per machine, and config overrides.
 
 pub mod anchors;
 pub mod batch;
 pub mod budget;
 pub mod cache;
+pub mod kv_pool;
 pub mod mode;
 pub mod planner;
 pub mod profile;
@@ -34,6 +36,7 @@ pub use budget::{
     format_bytes, parse_bytes, plan_memory, KvReserve, MemoryInputs, MemoryPlan, ParseBytesError,
     VramBudget,
 };
+pub use kv_pool::{plan_kv, rows_after, size_kv_pool, KvDecision, KvPoolPlan, KvUse};
 pub use cache::{CacheError, CacheStats, ExpertCache, ExpertKey, Insert, Lease, SlotId};
 pub use mode::{MoeMode, ParseMoeModeError, ResolvedMode};
 pub use planner::{

@@ -98,6 +98,10 @@ impl Metrics {
         metric("ft_engine_mixed_steps_total", "counter", "Steps that ran prompt chunks beside decodes.", plain(s.mixed_steps as f64));
         metric("ft_engine_max_batch", "gauge", "Most sequences one step advanced.", plain(s.max_batch as f64));
         metric("ft_engine_recomputes_total", "counter", "Sequences recomputed after a batched step they were in failed.", plain(s.recomputes as f64));
+        metric("ft_engine_preemptions_total", "counter", "Running sequences preempted (state saved, then rebuilt) because the KV pool was full.", plain(s.preemptions as f64));
+        metric("ft_kv_pool_bytes", "gauge", "Bytes of the KV pool the sequences' caches share.", plain(s.kv_pool_bytes as f64));
+        metric("ft_kv_used_bytes", "gauge", "Bytes of the KV pool held after the last step.", plain(s.kv_used_bytes as f64));
+        metric("ft_kv_waiting_sequences", "gauge", "Sequences waiting for room in the KV pool.", plain(s.kv_waiting as f64));
         metric("ft_expert_cache_slots", "gauge", "Expert cache capacity in slots.", plain(s.cache_slots as f64));
         metric("ft_expert_cache_used_slots", "gauge", "Expert cache slots in use.", plain(s.cache_used as f64));
         metric("ft_expert_cache_hits_total", "counter", "Routed experts found in the cache.", plain(t.hits as f64));

@@ -5,10 +5,10 @@
 use super::{unknown_seq, Seq, SeqSpec, StepOutput, StepRequest, Worker};
 use crate::actors::pipeline::{PipelineExperts, StreamingExperts};
 use crate::engine::EngineError;
-use crate::kv::SequenceState;
+use crate::kv::{SequenceState, INITIAL_ROWS};
 use crate::model::batch::BatchItem;
 use crate::model::{Logits, ModelError};
-use crate::policy::{plan_step, StepDemand};
+use crate::policy::{plan_kv, plan_step, rows_after, KvUse, StepDemand};
 use crate::sampling::grammar::{Constraint, GrammarError, Mask as TokenMask};
 use crate::sampling::Sampler;
 use std::time::Instant;
@@ -29,15 +29,14 @@ impl Worker {
         }
     }
 
-    /// A new sequence: its state (restored from the prefix store where it can be) and sampler.
+    /// A new sequence, waiting for its first step (when the KV pool has room, [`Self::restart`]
+    /// gives it its state).
     fn start_seq(&mut self, spec: SeqSpec, prompt: Vec<u32>) -> Result<Seq, ModelError> {
         if prompt.is_empty() {
             return Err(ModelError::Invalid("the prompt is empty".into()));
         }
-        let mut state = SequenceState::new(&self.args.model, spec.capacity)?;
-        let cached = self.args.reuse.restore(&prompt, &mut state);
+        let state = SequenceState::with_rows(&self.args.model, spec.capacity, 1)?;
         let sampler = Sampler::new(spec.sampling).map_err(|e| ModelError::Invalid(e.to_string()))?;
-        let stops = self.args.reuse.prefill_stops(&prompt, cached).into();
         Ok(Seq {
             state,
             sampler,
@@ -45,19 +44,20 @@ impl Worker {
             return_logits: spec.return_logits,
             logprobs: spec.logprobs,
             constraint: spec.constraint,
-            last_anchor: cached,
+            last_anchor: 0,
             broken: false,
-            fed: cached,
-            stops,
-            cached,
+            fed: 0,
+            stops: Default::default(),
+            cached: 0,
             sampled: false,
             retried: false,
+            waiting: true,
         })
     }
 
-    /// Starts `s` over from its tokens (prompt and generated): a fresh state, restored from
-    /// the prefix store where it can be, then prefilled; its next token is sampled as usual.
-    fn rebuild(&mut self, s: &mut Seq) -> Result<(), ModelError> {
+    /// Gives `s` a fresh state built from its tokens (prompt and generated): the longest
+    /// saved prefix restored, the rest left to prefill; its next token is then sampled as usual.
+    fn restart(&mut self, s: &mut Seq) -> Result<(), ModelError> {
         let mut state = SequenceState::new(&self.args.model, s.state.capacity())?;
         let cached = self.args.reuse.restore(&s.history, &mut state);
         s.state = state;
@@ -68,8 +68,65 @@ impl Worker {
             s.cached = cached;
         }
         s.sampled = false;
+        s.waiting = false;
+        Ok(())
+    }
+
+    /// Starts `s` over after a failed step (once; a second failure fails it).
+    fn rebuild(&mut self, s: &mut Seq) -> Result<(), ModelError> {
+        self.restart(s)?;
         s.retried = true;
         Ok(())
+    }
+
+    /// Frees `s`'s caches for the KV pool: what it holds is saved in the prefix store first
+    /// (which moves it to host memory when the device's share is full), so its restart
+    /// restores rather than recomputes it.
+    fn preempt(&mut self, s: &mut Seq) -> Result<(), ModelError> {
+        Self::record_anchor(&mut self.args.reuse, s);
+        s.state = SequenceState::with_rows(&self.args.model, s.state.capacity(), 1)?;
+        s.waiting = true;
+        self.dev.preemptions += 1;
+        Ok(())
+    }
+
+    /// Which of the batch's sequences run this step within the KV pool: preempts and
+    /// restarts as [`plan_kv`] decides; the rest wait. Errors go to `results`.
+    fn fit_kv_pool(&mut self, batch: &mut Vec<(u64, Seq)>, results: &mut Vec<(u64, Result<Option<StepOutput>, EngineError>)>) -> Vec<bool> {
+        let per_token = SequenceState::bytes_per_token(&self.args.model) as u64;
+        let step = self.args.step_tokens.max(1);
+        let uses: Vec<KvUse> = batch
+            .iter()
+            .map(|(_, s)| {
+                let cap = s.state.capacity();
+                if s.waiting {
+                    let rows = rows_after(INITIAL_ROWS.min(cap), (s.history.len() + 1).min(cap), cap);
+                    KvUse { held: s.state.held_bytes(), need: per_token * rows as u64, waiting: true }
+                } else {
+                    let next = s.state.len() + s.prompt_left().min(step).max(1);
+                    KvUse { held: s.state.held_bytes(), need: s.state.bytes_after(next), waiting: false }
+                }
+            })
+            .collect();
+        let plan = plan_kv(self.args.kv_pool, &uses);
+        let mut failed = vec![];
+        for &i in plan.preempt.iter().chain(&plan.resume) {
+            let s = &mut batch[i].1;
+            let r = if s.waiting { self.restart(s) } else { self.preempt(s) };
+            if let Err(e) = r {
+                failed.push((i, e));
+            }
+        }
+        let mut runs = plan.runs;
+        // Failed ones leave the batch (highest index first, so the others keep theirs).
+        failed.sort_by_key(|(i, _)| std::cmp::Reverse(*i));
+        for (i, e) in failed {
+            let (id, s) = batch.remove(i);
+            runs.remove(i);
+            drop(s);
+            results.push((id, Err(e.into())));
+        }
+        runs
     }
 
     /// One batched step over `reqs` (see [`DeviceMsg::StepBatch`]).
@@ -87,12 +144,16 @@ impl Worker {
                 Err(e) => results.push((r.seq, Err(e.into()))),
             }
         }
+        let runs = self.fit_kv_pool(&mut batch, &mut results);
         let demands: Vec<StepDemand> = batch
             .iter()
             .map(|(_, s)| StepDemand { prompt_left: s.prompt_left(), until_stop: s.stops.front().map(|&p| p.saturating_sub(s.fed)) })
             .collect();
-        let counts = plan_step(&demands, self.args.step_tokens.max(1));
-        let decodes = demands.iter().filter(|d| d.prompt_left == 0).count();
+        // Waiting sequences take no part in the step: they advance 0 tokens.
+        let running: Vec<StepDemand> = demands.iter().zip(&runs).filter(|(_, r)| **r).map(|(d, _)| *d).collect();
+        let mut planned = plan_step(&running, self.args.step_tokens.max(1)).into_iter();
+        let counts: Vec<usize> = runs.iter().map(|&r| if r { planned.next().unwrap_or(0) } else { 0 }).collect();
+        let decodes = demands.iter().zip(&counts).filter(|(d, &c)| d.prompt_left == 0 && c > 0).count();
         let prefill_tokens: usize = counts.iter().zip(&demands).filter(|(_, d)| d.prompt_left > 0).map(|(c, _)| c).sum();
         // Which sequences sample a token this step: decodes, and prompts that finish.
         let samples: Vec<bool> = counts.iter().zip(&demands).map(|(&c, d)| c > 0 && c == d.prompt_left.max(1)).collect();
@@ -128,8 +189,14 @@ impl Worker {
                 // recomputed from its tokens once before it is failed.
                 let retry = counts.iter().filter(|&&c| c > 0).count() > 1;
                 let e = EngineError::from(e);
-                for ((id, mut s), c) in batch.into_iter().zip(constraints) {
+                for (((id, mut s), c), &n) in batch.into_iter().zip(constraints).zip(&counts) {
                     s.constraint = s.constraint.or(c);
+                    if n == 0 {
+                        // It took no part in the step: untouched.
+                        self.seqs.insert(id, s);
+                        results.push((id, Ok(None)));
+                        continue;
+                    }
                     if retry && !s.retried && self.rebuild(&mut s).is_ok() {
                         self.dev.recomputes += 1;
                         self.seqs.insert(id, s);
