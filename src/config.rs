@@ -70,6 +70,8 @@ struct EngineKeys {
     step_tokens: usize,
     #[serde(deserialize_with = "lenient::string")]
     kv_budget: String,
+    #[serde(deserialize_with = "lenient::string")]
+    kv_dtype: String,
     max_queue: usize,
     #[serde(default, deserialize_with = "lenient::opt_string")]
     b_p: Option<String>,
@@ -117,6 +119,7 @@ impl From<&EngineConfig> for EngineKeys {
             max_active: c.max_active,
             step_tokens: c.step_tokens,
             kv_budget: c.kv_budget.map_or("auto".into(), |b| b.to_string()),
+            kv_dtype: c.kv_dtype.name().into(),
             max_queue: c.max_queue,
             b_p: c.b_p.map(|v| v.to_string()),
             b_h: c.b_h.map(|v| v.to_string()),
@@ -167,6 +170,10 @@ impl EngineKeys {
                     0 => return Err(bad("kv_budget", "must be more than 0 (or auto)".into())),
                     b => Some(b),
                 },
+            },
+            kv_dtype: match ft_backend::DType::parse(self.kv_dtype.trim()) {
+                Some(d @ (ft_backend::DType::F32 | ft_backend::DType::BF16 | ft_backend::DType::F16)) => d,
+                _ => return Err(bad("kv_dtype", format!("unknown `{}`: use bf16, f16 or f32", self.kv_dtype))),
             },
             max_queue: self.max_queue,
             b_p: rate("b_p", &self.b_p)?,

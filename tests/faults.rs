@@ -94,13 +94,13 @@ fn a_device_out_of_memory_is_typed_and_transient() {
     });
 }
 
-/// Two requests decoding together in batched steps; `faults` is armed once both have a
-/// token. Returns each one's tokens, whether it failed (with the injected kernel fault), and
-/// the engine's recompute count.
-async fn two_running_with(faults: FaultCounts) -> ([Vec<u32>; 2], [bool; 2], u64) {
+/// Two requests of `n` tokens decoding together in batched steps; `faults` is armed once
+/// both have a token. Returns each one's tokens, whether it failed (with the injected kernel
+/// fault), and the engine's recompute count.
+async fn two_running_with(faults: FaultCounts, n: usize) -> ([Vec<u32>; 2], [bool; 2], u64) {
     let engine = spawn(0, MoeMode::Cpu).await;
     let start = |p: usize| {
-        let mut req = EngineRequest::greedy(prompts(&reference_json(NAME))[p].clone(), 16);
+        let mut req = EngineRequest::greedy(prompts(&reference_json(NAME))[p].clone(), n);
         req.ignore_eos = true;
         engine.generate(req)
     };
@@ -142,7 +142,7 @@ fn a_failed_kernel_in_a_batched_step_is_recomputed_and_costs_no_request() {
     rt().block_on(async {
         // One failed CPU job fails the step both sequences share: each is recomputed from its
         // tokens and goes on, with exactly the tokens it would have had.
-        let (ids, failed, recomputes) = two_running_with(FaultCounts { cpu: 1, ..Default::default() }).await;
+        let (ids, failed, recomputes) = two_running_with(FaultCounts { cpu: 1, ..Default::default() }, 16).await;
         assert_eq!(failed, [false, false], "a transient fault fails no request");
         assert_eq!(recomputes, 2, "both sequences of the failed step were recomputed");
         assert_eq!(ids[0], want(0));
@@ -153,7 +153,8 @@ fn a_failed_kernel_in_a_batched_step_is_recomputed_and_costs_no_request() {
 #[test]
 fn a_fault_that_persists_fails_the_batch_after_one_recompute() {
     rt().block_on(async {
-        let (_, failed, recomputes) = two_running_with(FaultCounts { cpu: 1000, ..Default::default() }).await;
+        // Long requests, so that neither can finish before the fault is armed.
+        let (_, failed, recomputes) = two_running_with(FaultCounts { cpu: 1000, ..Default::default() }, 400).await;
         assert_eq!(failed, [true, true], "a fault that stays fails the requests, it does not loop");
         assert_eq!(recomputes, 2);
     });

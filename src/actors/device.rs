@@ -141,6 +141,8 @@ pub struct DeviceArgs {
     pub step_tokens: usize,
     /// Bytes the sequences' per-token caches may hold together (the KV pool).
     pub kv_pool: u64,
+    /// What the per-token caches hold.
+    pub kv_dtype: ft_backend::DType,
 }
 
 /// The device stream actor.

@@ -50,7 +50,7 @@ pub fn run(a: InfoArgs) -> Result<()> {
             "bytes_by_format": st.bytes_by_format.iter().map(|(f, b)| (f.to_string(), serde_json::json!(b))).collect::<serde_json::Map<_, _>>(),
             "non_expert_bytes": st.non_expert_bytes, "expert_bytes": st.expert_bytes,
             "bytes_per_token": st.bytes_per_token,
-            "kv_bytes_per_token": st.kv_bytes_per_token,
+            "kv_bytes_per_token": st.kv_bytes_per_token, "kv_dtype": info.kv_dtype.name(),
             "state_bytes_per_sequence": st.state_bytes_per_sequence,
             "layer_kinds": layer_kinds(cfg).into_iter().map(|(k, n)| (k.to_string(), serde_json::json!(n))).collect::<serde_json::Map<_, _>>(),
             "backend": info.backend,
@@ -83,7 +83,7 @@ pub fn run(a: InfoArgs) -> Result<()> {
     println!("weights          {} non-expert (device), {} experts (host pool)", format_bytes(st.non_expert_bytes), format_bytes(st.expert_bytes));
     println!("formats          {}", st.bytes_by_format.iter().map(|(f, b)| format!("{f} {}", format_bytes(*b))).collect::<Vec<_>>().join(", "));
     println!("read per token   {} (decode, batch 1)", format_bytes(st.bytes_per_token));
-    println!("KV cache         {} per token; context {}", format_bytes(st.kv_bytes_per_token), info.context);
+    println!("KV cache         {} per token ({}); context {}", format_bytes(st.kv_bytes_per_token), info.kv_dtype, info.context);
     if st.state_bytes_per_sequence > 0 {
         println!("recurrent state  {} per sequence (linear-attention layers)", format_bytes(st.state_bytes_per_sequence));
     }

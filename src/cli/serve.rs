@@ -65,6 +65,10 @@ pub struct ConfigArgs {
     #[arg(long, value_name = "BYTES")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub kv_budget: Option<String>,
+    /// What the KV caches hold: f16 (default), bf16 or f32.
+    #[arg(long, value_name = "DTYPE")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kv_dtype: Option<String>,
     /// Requests waiting beyond the active ones before new ones get 429.
     #[arg(long, value_name = "N")]
     #[serde(skip_serializing_if = "Option::is_none")]

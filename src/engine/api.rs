@@ -38,6 +38,10 @@ pub struct EngineConfig {
     /// share of the device memory left after the weights; see `policy::kv_pool`). When the
     /// next step would overflow it, the youngest sequence is preempted and resumed later.
     pub kv_budget: Option<u64>,
+    /// What the KV and latent caches hold: f16 (half the memory of f32, 11 significant bits,
+    /// saturating at ±65504; the default), bf16 (the same memory, f32's range, 8 bits) or f32
+    /// (exact). A backend that cannot store the narrow type keeps f32.
+    pub kv_dtype: ft_backend::DType,
     /// Requests waiting beyond the active ones before new ones are refused.
     pub max_queue: usize,
     /// Host→device bandwidth (bytes/s), overriding measurement and profile.
@@ -70,6 +74,7 @@ impl Default for EngineConfig {
             max_active: 4,
             step_tokens: 512,
             kv_budget: None,
+            kv_dtype: ft_backend::DType::F16,
             max_queue: 64,
             b_p: None,
             b_h: None,
@@ -396,6 +401,8 @@ pub struct EngineInfo {
     pub bandwidth_source: String,
     /// The memory plan.
     pub memory: crate::policy::MemoryPlan,
+    /// What the KV caches hold (the configured type, or f32 where the backend lacks it).
+    pub kv_dtype: ft_backend::DType,
     /// End-of-sequence ids.
     pub eos_ids: Vec<u32>,
 }

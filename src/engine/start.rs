@@ -103,7 +103,25 @@ pub(super) async fn spawn(
     eos_ids.dedup();
 
     let cfg = model.config().clone();
-    let st = stats(&model);
+    let mut st = stats(&model);
+    // A backend that cannot write (or attend over) the narrow cache type keeps f32.
+    let probe = ft_backend::AttentionDesc {
+        n_tokens: 1,
+        n_heads: cfg.num_heads.max(1),
+        n_kv_heads: cfg.num_kv_heads.max(1),
+        head_dim: cfg.head_dim.max(1),
+        v_head_dim: cfg.head_dim.max(1),
+        kv_len: 1,
+        scale: 1.0,
+        window: None,
+    };
+    let kv_dtype = if backend.supports_store(config.kv_dtype) && backend.supports_attention(&probe, config.kv_dtype) {
+        config.kv_dtype
+    } else {
+        tracing::warn!("the {} backend cannot keep a {} KV cache: using f32", backend.kind(), config.kv_dtype);
+        ft_backend::DType::F32
+    };
+    st.kv_bytes_per_token = crate::kv::SequenceState::bytes_per_token_as(&model, kv_dtype) as u64;
     let context = config.ctx_size.unwrap_or(cfg.max_position_embeddings).max(1);
     let host: HostExperts = Arc::new((0..cfg.num_layers).map(|l| model.experts(l).to_vec()).collect());
     let shape = ExpertShape::covering(cfg.moe_intermediate_size, cfg.hidden_size, host.iter().flatten());
@@ -201,6 +219,7 @@ pub(super) async fn spawn(
         ),
         step_tokens: config.step_tokens.max(1),
         kv_pool: memory.kv_bytes,
+        kv_dtype,
     };
     let (device, _) = Actor::spawn(None, DeviceStream, device_args).await.map_err(start_err)?;
     let info = Arc::new(EngineInfo {
@@ -214,6 +233,7 @@ pub(super) async fn spawn(
         b_h,
         bandwidth_source: source.into(),
         memory,
+        kv_dtype,
         eos_ids,
     });
     let args = DriverArgs {

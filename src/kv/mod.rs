@@ -66,15 +66,15 @@ pub struct StateSnapshot {
 /// Where one buffer of a snapshot lives.
 enum Part {
     Device(DeviceBuffer),
-    /// f32 values as bytes; anchors move here when device memory for them runs out.
-    Host(Vec<u8>),
+    /// The buffer's bytes and dtype; anchors move here when device memory for them runs out.
+    Host(Vec<u8>, DType),
 }
 
 impl Part {
     fn elements(&self) -> usize {
         match self {
             Part::Device(b) => b.len(),
-            Part::Host(v) => v.len() / DType::F32.size(),
+            Part::Host(v, dtype) => v.len() / dtype.size(),
         }
     }
 }
@@ -92,7 +92,13 @@ impl StateSnapshot {
 
     /// Bytes the snapshot holds (device and host together).
     pub fn size_bytes(&self) -> usize {
-        self.parts.iter().map(|p| p.elements() * DType::F32.size()).sum()
+        self.parts
+            .iter()
+            .map(|p| match p {
+                Part::Device(b) => b.size_bytes(),
+                Part::Host(v, _) => v.len(),
+            })
+            .sum()
     }
 
     /// Whether any part is in device memory.
@@ -106,7 +112,7 @@ impl StateSnapshot {
             if let Part::Device(buf) = part {
                 let mut bytes = vec![0u8; buf.size_bytes()];
                 be.download(StreamId::COMPUTE, buf, 0, &mut bytes)?;
-                *part = Part::Host(bytes);
+                *part = Part::Host(bytes, buf.dtype());
             }
         }
         Ok(())
@@ -129,16 +135,18 @@ impl SequenceState {
     /// State for up to `capacity` tokens on the model's backend; per-token caches start at
     /// [`INITIAL_ROWS`] rows and grow as tokens arrive.
     pub fn new(model: &Model, capacity: usize) -> Result<SequenceState, ModelError> {
-        Self::with_rows(model, capacity, INITIAL_ROWS)
+        Self::with_rows(model, capacity, INITIAL_ROWS, DType::F32)
     }
 
-    /// State for up to `capacity` tokens whose per-token caches start at `rows` rows (at
-    /// least 1): a sequence waiting for room in the KV pool holds one.
-    pub fn with_rows(model: &Model, capacity: usize, rows: usize) -> Result<SequenceState, ModelError> {
+    /// State for up to `capacity` tokens whose per-token caches hold `dtype` (f32, bf16 or
+    /// f16; recurrent state is always f32) and start at `rows` rows (at least 1): a sequence
+    /// waiting for room in the KV pool holds one.
+    pub fn with_rows(model: &Model, capacity: usize, rows: usize, dtype: DType) -> Result<SequenceState, ModelError> {
         let rows = rows.min(capacity).max(1);
         let cfg = model.config();
         let be = model.backend();
         let alloc = |len: usize| be.alloc(DType::F32, len, BufferUsage::Kv);
+        let alloc_kv = |len: usize| be.alloc(dtype, len, BufferUsage::Kv);
         let layers = (0..cfg.num_layers)
             .map(|i| {
                 Ok(match (cfg.layer_kinds[i], &cfg.mla, &cfg.linear_attn) {
@@ -149,12 +157,12 @@ impl SequenceState {
                     (LayerKind::LinearAttention, _, None) => {
                         return Err(ModelError::Invalid("linear-attention layer without its settings".into()))
                     }
-                    (_, Some(m), _) => LayerState::Latent { kv: alloc(rows * m.cache_width())? },
+                    (_, Some(m), _) => LayerState::Latent { kv: alloc_kv(rows * m.cache_width())? },
                     // Sliding-window layers get the full context too (the attention op masks by
                     // position); a ring buffer of `window` rows would save memory there.
                     _ => {
                         let per_token = cfg.num_kv_heads * cfg.head_dim;
-                        LayerState::Attention { k: alloc(rows * per_token)?, v: alloc(rows * per_token)? }
+                        LayerState::Attention { k: alloc_kv(rows * per_token)?, v: alloc_kv(rows * per_token)? }
                     }
                 })
             })
@@ -209,7 +217,7 @@ impl SequenceState {
         let mut grown = Vec::new();
         for (buf, extent) in self.buffers() {
             if let Extent::PerToken(per) = extent {
-                let mut new = be.alloc(DType::F32, rows * per, BufferUsage::Kv)?;
+                let mut new = be.alloc(buf.dtype(), rows * per, BufferUsage::Kv)?;
                 if len > 0 {
                     copy_prefix(be.as_ref(), buf, &mut new, len * per)?;
                 }
@@ -310,7 +318,7 @@ impl SequenceState {
 
     /// Bytes a snapshot of this state at its current length would take.
     pub fn snapshot_bytes(&self) -> usize {
-        self.snapshot_extents(self.len).iter().sum::<usize>() * DType::F32.size()
+        self.buffers().iter().zip(self.snapshot_extents(self.len)).map(|((b, _), n)| n * b.dtype().size()).sum()
     }
 
     /// Copies the state as it is now into device memory.
@@ -331,13 +339,13 @@ impl SequenceState {
             .zip(self.snapshot_extents(self.len))
             .map(|((buf, _), n)| {
                 if to_host {
-                    let mut bytes = vec![0u8; n * DType::F32.size()];
+                    let mut bytes = vec![0u8; n * buf.dtype().size()];
                     if n > 0 {
                         be.download(StreamId::COMPUTE, buf, 0, &mut bytes)?;
                     }
-                    Ok(Part::Host(bytes))
+                    Ok(Part::Host(bytes, buf.dtype()))
                 } else {
-                    let mut copy = be.alloc(DType::F32, n, BufferUsage::Kv)?;
+                    let mut copy = be.alloc(buf.dtype(), n, BufferUsage::Kv)?;
                     copy_prefix(be, buf, &mut copy, n)?;
                     Ok(Part::Device(copy))
                 }
@@ -382,22 +390,27 @@ impl SequenceState {
             }
             match part {
                 Part::Device(src) => copy_prefix(be.as_ref(), src, dst, n)?,
-                Part::Host(bytes) => be.upload(StreamId::COMPUTE, &bytes[..n * DType::F32.size()], dst, 0)?,
+                Part::Host(bytes, dtype) => be.upload(StreamId::COMPUTE, &bytes[..n * dtype.size()], dst, 0)?,
             }
         }
         self.len = len;
         Ok(())
     }
 
-    /// Bytes of cache that grow with each token of context, for `model`.
+    /// Bytes of f32 cache that grow with each token of context, for `model`.
     pub fn bytes_per_token(model: &Model) -> usize {
+        Self::bytes_per_token_as(model, DType::F32)
+    }
+
+    /// Bytes of cache in `dtype` that grow with each token of context, for `model`.
+    pub fn bytes_per_token_as(model: &Model, dtype: DType) -> usize {
         let c = model.config();
         let per_layer = |kind: LayerKind| match (kind, &c.mla) {
             (LayerKind::LinearAttention, _) => 0,
             (_, Some(m)) => m.cache_width(),
             _ => 2 * c.num_kv_heads * c.head_dim,
         };
-        c.layer_kinds.iter().map(|k| per_layer(*k)).sum::<usize>() * DType::F32.size()
+        c.layer_kinds.iter().map(|k| per_layer(*k)).sum::<usize>() * dtype.size()
     }
 
     /// Bytes of fixed-size (recurrent) state per sequence, for `model`.

@@ -39,7 +39,11 @@ pub struct KvPoolPlan {
 /// [`KV_AUTO_FRACTION`] of `room`, at least one full-context sequence, and at most
 /// [`KV_MAX_FRACTION`] of `room`.
 pub fn size_kv_pool(kv: &KvReserve, room: Option<u64>) -> Result<KvPoolPlan, String> {
-    let bpt = kv.bytes_per_token.max(1);
+    if kv.bytes_per_token == 0 {
+        // Only fixed-size (recurrent) state: nothing grows with the context.
+        return Ok(KvPoolPlan { bytes: 0, context: kv.context, note: "no per-token cache".into(), warning: None });
+    }
+    let bpt = kv.bytes_per_token;
     let worst = kv.bytes();
     let one = bpt.saturating_mul(kv.context);
     let f = format_bytes;

@@ -43,7 +43,7 @@ pub use cases::{
     attention, binary, gather_rows, matmul, matmul_quant, rms_norm, rope, scale, scatter_add_rows,
     softmax, top_k,
 };
-pub use memory::{copy_upload_download, errors, import_host, memory, streams_events};
+pub use memory::{copy_upload_download, errors, import_host, memory, store, streams_events};
 pub use recurrent::{causal_conv1d, gated_delta_rule};
 
 use crate::dtype::{from_f32_slice, to_f32_vec};
@@ -147,6 +147,8 @@ macro_rules! conformance_suite {
         $crate::__conformance_test!(causal_conv1d_f16, $make, causal_conv1d, $crate::DType::F16);
         $crate::__conformance_test!(gated_delta_rule, $make, gated_delta_rule);
         $crate::__conformance_test!(copy_upload_download, $make, copy_upload_download);
+        $crate::__conformance_test!(store_bf16, $make, store, $crate::DType::BF16);
+        $crate::__conformance_test!(store_f16, $make, store, $crate::DType::F16);
         $crate::__conformance_test!(import_host, $make, import_host);
         $crate::__conformance_test!(streams_events, $make, streams_events);
         $crate::__conformance_test!(memory, $make, memory);

@@ -99,6 +99,20 @@ pub trait Backend: Send + Sync {
     fn download(&self, stream: StreamId, src: &DeviceBuffer, src_offset: usize, dst: &mut [u8]) -> Result<()>;
     /// Device-to-device copy of `desc.len` elements of the same dtype.
     fn copy(&self, stream: StreamId, src: &DeviceBuffer, dst: &mut DeviceBuffer, desc: &CopyDesc) -> Result<()>;
+    /// Writes `desc.len` f32 values of `src` into `dst` at element `desc.dst_offset`, in
+    /// `dst`'s dtype (bf16 or f16, rounded to nearest even; f16 saturates at ±65504, so a
+    /// cache never holds an infinity), on the compute stream: how new tokens enter a KV cache
+    /// kept narrower than the activations. `copy` when `dst` is f32.
+    fn store(&self, src: &DeviceBuffer, dst: &mut DeviceBuffer, desc: &CopyDesc) -> Result<()> {
+        if dst.dtype() == src.dtype() {
+            return self.copy(StreamId::COMPUTE, src, dst, desc);
+        }
+        Err(BackendError::Unsupported { backend: self.kind().to_string(), op: Op::Copy, dtype: dst.dtype() })
+    }
+    /// Whether [`Backend::store`] writes f32 values into a buffer of `dtype`.
+    fn supports_store(&self, dtype: DType) -> bool {
+        dtype == DType::F32
+    }
 
     // --- streams and events ---------------------------------------------------------------
     /// Creates a new stream (e.g. a copy stream beside the compute stream).

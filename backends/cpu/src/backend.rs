@@ -192,6 +192,31 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
+    fn store(&self, src: &DeviceBuffer, dst: &mut DeviceBuffer, desc: &CopyDesc) -> Result<()> {
+        let dtype = dst.dtype();
+        if dtype == DType::F32 {
+            return self.copy(StreamId::COMPUTE, src, dst, desc);
+        }
+        if !self.supports_store(dtype) {
+            return Err(BackendError::Unsupported { backend: "cpu".into(), op: Op::Copy, dtype });
+        }
+        let from = f32s(src, desc.src_offset, desc.len, "store source")?;
+        let to = crate::storage::range_mut(bytes_mut(dst, "store destination")?, desc.dst_offset, desc.len, 2, "store destination")?;
+        for (o, &v) in to.chunks_exact_mut(2).zip(from.iter()) {
+            let bits = if dtype == DType::BF16 {
+                half::bf16::from_f32(v).to_bits()
+            } else {
+                half::f16::from_f32(v.clamp(-65504.0, 65504.0)).to_bits()
+            };
+            o.copy_from_slice(&bits.to_le_bytes());
+        }
+        Ok(())
+    }
+
+    fn supports_store(&self, dtype: DType) -> bool {
+        matches!(dtype, DType::F32 | DType::BF16 | DType::F16)
+    }
+
     fn create_stream(&self) -> Result<StreamId> {
         Ok(StreamId(self.next_stream.fetch_add(1, Ordering::Relaxed)))
     }

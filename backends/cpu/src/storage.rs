@@ -174,7 +174,7 @@ pub(crate) fn range<'a>(
         .ok_or_else(|| out_of_range(what, offset, len, b.len() / es))
 }
 
-fn range_mut<'a>(
+pub(crate) fn range_mut<'a>(
     b: &'a mut [u8],
     offset: usize,
     len: usize,

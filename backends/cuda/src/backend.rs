@@ -204,6 +204,17 @@ impl Backend for CudaBackend {
             .map_err(|e| driver(e, "device copy"))
     }
 
+    fn store(&self, src: &DeviceBuffer, dst: &mut DeviceBuffer, desc: &CopyDesc) -> Result<()> {
+        if dst.dtype() == DType::F32 {
+            return self.copy(StreamId::COMPUTE, src, dst, desc);
+        }
+        ops::linear::store(self, src, dst, desc)
+    }
+
+    fn supports_store(&self, dtype: DType) -> bool {
+        matches!(dtype, DType::F32 | DType::F16 | DType::BF16)
+    }
+
     fn create_stream(&self) -> Result<StreamId> {
         let s = self.ctx.new_stream().map_err(|e| driver(e, "cuStreamCreate"))?;
         let mut streams = self.streams.write().map_err(|_| poisoned())?;

@@ -117,6 +117,14 @@ impl Backend for WgpuBackend {
         self.copy_elements(src, dst, desc)
     }
 
+    fn store(&self, src: &DeviceBuffer, dst: &mut DeviceBuffer, desc: &CopyDesc) -> Result<()> {
+        self.store_elements(src, dst, desc)
+    }
+
+    fn supports_store(&self, dtype: DType) -> bool {
+        matches!(dtype, DType::F32 | DType::F16 | DType::BF16)
+    }
+
     fn create_stream(&self) -> Result<StreamId> {
         Ok(StreamId(self.next_stream.fetch_add(1, Ordering::Relaxed)))
     }

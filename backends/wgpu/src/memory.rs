@@ -370,4 +370,25 @@ impl WgpuBackend {
             words.div_ceil(256),
         )
     }
+
+    /// f32 values into a 16-bit buffer, rounded (see [`ft_backend::Backend::store`]).
+    pub(crate) fn store_elements(&self, src: &DeviceBuffer, dst: &mut DeviceBuffer, d: &CopyDesc) -> Result<()> {
+        let code = match dst.dtype() {
+            DType::F32 => return self.copy_elements(src, dst, d),
+            DType::F16 | DType::BF16 => crate::pipelines::dtype_code(dst.dtype()),
+            dtype => return Err(BackendError::Unsupported { backend: "wgpu".into(), op: ft_backend::Op::Copy, dtype }),
+        };
+        expect_dtype(src, DType::F32, "store source")?;
+        check_range(src, d.src_offset, d.len, "store source")?;
+        check_range(dst, d.dst_offset, d.len, "store destination")?;
+        if d.len == 0 {
+            return Ok(());
+        }
+        let s = self.window(src, d.src_offset, d.len, "store source")?;
+        let t = self.window(dst, d.dst_offset, d.len, "store destination")?;
+        let (first_word, end_word) = (t.base as u64 / 2, (t.base as u64 + d.len as u64).div_ceil(2));
+        let words = end_word - first_word;
+        let params = [u32_of(words as usize, "store")?, 0, 0, s.base, t.base, u32_of(d.len, "store")?];
+        self.dispatch(Kernel::Copy16, &[("TDT", code)], &params, &[(8, s.bind), (9, t.bind)], words.div_ceil(256))
+    }
 }

@@ -35,7 +35,7 @@ impl Worker {
         if prompt.is_empty() {
             return Err(ModelError::Invalid("the prompt is empty".into()));
         }
-        let state = SequenceState::with_rows(&self.args.model, spec.capacity, 1)?;
+        let state = SequenceState::with_rows(&self.args.model, spec.capacity, 1, self.args.kv_dtype)?;
         let sampler = Sampler::new(spec.sampling).map_err(|e| ModelError::Invalid(e.to_string()))?;
         Ok(Seq {
             state,
@@ -58,7 +58,7 @@ impl Worker {
     /// Gives `s` a fresh state built from its tokens (prompt and generated): the longest
     /// saved prefix restored, the rest left to prefill; its next token is then sampled as usual.
     fn restart(&mut self, s: &mut Seq) -> Result<(), ModelError> {
-        let mut state = SequenceState::new(&self.args.model, s.state.capacity())?;
+        let mut state = SequenceState::with_rows(&self.args.model, s.state.capacity(), INITIAL_ROWS, self.args.kv_dtype)?;
         let cached = self.args.reuse.restore(&s.history, &mut state);
         s.state = state;
         s.stops = self.args.reuse.prefill_stops(&s.history, cached).into();
@@ -84,7 +84,7 @@ impl Worker {
     /// restores rather than recomputes it.
     fn preempt(&mut self, s: &mut Seq) -> Result<(), ModelError> {
         Self::record_anchor(&mut self.args.reuse, s);
-        s.state = SequenceState::with_rows(&self.args.model, s.state.capacity(), 1)?;
+        s.state = SequenceState::with_rows(&self.args.model, s.state.capacity(), 1, self.args.kv_dtype)?;
         s.waiting = true;
         self.dev.preemptions += 1;
         Ok(())
@@ -93,7 +93,7 @@ impl Worker {
     /// Which of the batch's sequences run this step within the KV pool: preempts and
     /// restarts as [`plan_kv`] decides; the rest wait. Errors go to `results`.
     fn fit_kv_pool(&mut self, batch: &mut Vec<(u64, Seq)>, results: &mut Vec<(u64, Result<Option<StepOutput>, EngineError>)>) -> Vec<bool> {
-        let per_token = SequenceState::bytes_per_token(&self.args.model) as u64;
+        let per_token = SequenceState::bytes_per_token_as(&self.args.model, self.args.kv_dtype) as u64;
         let step = self.args.step_tokens.max(1);
         let uses: Vec<KvUse> = batch
             .iter()

@@ -7,7 +7,7 @@ use crate::model::config::LayerKind;
 use crate::model::forward::scratch;
 use crate::model::weights::AttentionWeights;
 use crate::model::{Model, ModelError};
-use ft_backend::{AttentionDesc, BinaryOp, CopyDesc, DeviceBuffer, RmsNormDesc, RopeDesc, StreamId};
+use ft_backend::{AttentionDesc, BinaryOp, CopyDesc, DeviceBuffer, RmsNormDesc, RopeDesc};
 
 impl Model {
     /// The rotary embedding of `heads` heads of `head_stride` values per token, rotating
@@ -74,8 +74,9 @@ impl Model {
             return Err(ModelError::Invalid("attention layer given a non-attention state".into()));
         };
         let span = CopyDesc { src_offset: 0, dst_offset: past * nkv * hd, len: t * nkv * hd };
-        be.copy(StreamId::COMPUTE, &k, kc, &span)?;
-        be.copy(StreamId::COMPUTE, &v, vc, &span)?;
+        // Into the cache's dtype (a narrower KV cache rounds here).
+        be.store(&k, kc, &span)?;
+        be.store(&v, vc, &span)?;
         let mut attn = scratch(be, t * nh * hd)?;
         let desc = AttentionDesc {
             n_tokens: t,

@@ -65,7 +65,7 @@ impl Model {
             return Err(ModelError::Invalid("MLA layer given a non-latent state".into()));
         };
         let rows = concat_rows(be, &[(&cn, lora), (&k_pe, rope)], t)?;
-        be.copy(StreamId::COMPUTE, &rows, kv, &CopyDesc { src_offset: 0, dst_offset: past * width, len: t * width })?;
+        be.store(&rows, kv, &CopyDesc { src_offset: 0, dst_offset: past * width, len: t * width })?;
 
         // Absorbed queries: head by head, q_lat[h] = q_nope[h] · W_ukᵀ[h]ᵀ, laid out [nh, t, lora].
         let u = gcd(nope, rope);

@@ -6,6 +6,54 @@ use crate::{
     MatmulDesc, RmsNormDesc, RopeDesc,
 };
 
+/// f32 values stored into a narrower buffer (a KV cache's new rows) at even and odd offsets,
+/// around what is already there: bit for bit the reference's round-to-nearest-even, ties,
+/// subnormals and signed zeros included; f16 saturates at ±65504 instead of overflowing.
+pub fn store(b: &dyn Backend, dtype: DType) {
+    if !b.supports_store(dtype) {
+        println!("skipped: store into {dtype}: not supported by the {} backend", b.kind());
+        return;
+    }
+    let mut rng = Rng::new(0x7374_6f72);
+    let mut values = rng.vec(61, 3.0);
+    // Halfway cases of both formats, tiny and huge values, signed zero.
+    let special = [
+        1.0 + f32::EPSILON * 32768.0,
+        1.0 + f32::EPSILON * 98304.0,
+        1.0 + f32::EPSILON * 4096.0,
+        1.0 + f32::EPSILON * 12288.0,
+        -2.5e-6,
+        3.0e-8,
+        1.0e-40,
+        70000.0,
+        -1.0e30,
+        -0.0,
+        65504.0,
+        65520.0,
+    ];
+    values[..special.len()].copy_from_slice(&special);
+    let src = b
+        .import_host(HostBytes::from_vec(from_f32_slice(&values, DType::F32)), DType::F32, BufferUsage::Scratch)
+        .expect("import");
+    let es = dtype.size();
+    let old: Vec<f32> = (0..80).map(|i| i as f32 * 0.5 - 7.0).collect();
+    for (src_offset, dst_offset, len) in [(0, 0, 61), (1, 3, 40), (5, 10, 1), (2, 11, 2), (0, 0, 0)] {
+        let mut dst = b.alloc(dtype, old.len(), BufferUsage::Kv).expect("alloc");
+        b.upload(StreamId::COMPUTE, &from_f32_slice(&old, dtype), &mut dst, 0).expect("upload");
+        b.store(&src, &mut dst, &CopyDesc { src_offset, dst_offset, len }).expect("store");
+        let mut got = vec![0u8; 80 * es];
+        b.download(StreamId::COMPUTE, &dst, 0, &mut got).expect("download");
+        let mut want = old.clone();
+        want[dst_offset..dst_offset + len].copy_from_slice(&values[src_offset..src_offset + len]);
+        if dtype == DType::F16 {
+            want.iter_mut().for_each(|v| *v = v.clamp(-65504.0, 65504.0));
+        }
+        assert_eq!(got, from_f32_slice(&want, dtype), "store {len} values {src_offset} → {dst_offset} into {dtype}");
+    }
+    let mut small = b.alloc(dtype, 4, BufferUsage::Kv).expect("alloc");
+    assert!(b.store(&src, &mut small, &CopyDesc { src_offset: 0, dst_offset: 2, len: 3 }).is_err(), "store past the end");
+}
+
 /// Uploads at offsets, partial downloads, device copies with offsets for every dtype, on the
 /// compute stream and on a created one; fresh buffers read as zeros. All exact.
 pub fn copy_upload_download(b: &dyn Backend) {

@@ -136,6 +136,21 @@ pub(crate) fn scale(b: &CudaBackend, x: &mut DeviceBuffer, s: f32, n: usize) -> 
     b.launch("scale_f32", (grid_1d(b, n), 1, 1), BLOCK, 0, &[Arg::Ptr(xp), Arg::U64(n as u64), Arg::F32(s)])
 }
 
+/// See [`ft_backend::Backend::store`] (f16 and bf16 destinations; f32 is a copy).
+pub(crate) fn store(b: &CudaBackend, src: &DeviceBuffer, dst: &mut DeviceBuffer, desc: &ft_backend::CopyDesc) -> Result<()> {
+    let kernel = match dst.dtype() {
+        ft_backend::DType::F16 => "store_f16",
+        ft_backend::DType::BF16 => "store_bf16",
+        dtype => return Err(BackendError::Unsupported { backend: "cuda".into(), op: ft_backend::Op::Copy, dtype }),
+    };
+    let sp = f32_at(src, desc.src_offset, desc.len, "store source")?;
+    let dp = ptr_at(dst, desc.dst_offset, desc.len, "store destination")?;
+    if desc.len == 0 {
+        return Ok(());
+    }
+    b.launch(kernel, (grid_1d(b, desc.len), 1, 1), BLOCK, 0, &[Arg::Ptr(sp), Arg::Ptr(dp), Arg::U64(desc.len as u64)])
+}
+
 /// See [`ft_backend::Backend::softmax`].
 pub(crate) fn softmax(b: &CudaBackend, x: &mut DeviceBuffer, rows: usize, cols: usize) -> Result<()> {
     let xp = f32_at(x, 0, need(rows, cols, "softmax")?, "softmax x")?;

@@ -75,7 +75,7 @@ pub const KERNELS: &[(&str, &[(&str, &str)])] = &[
             ("attention_bf16_v16", ATTN),
         ],
     ),
-    ("elementwise", &[("binary_f32", "ppluff"), ("scale_f32", "plf")]),
+    ("elementwise", &[("binary_f32", "ppluff"), ("scale_f32", "plf"), ("store_f16", "ppl"), ("store_bf16", "ppl")]),
     ("softmax_topk", &[("softmax_f32", "pu"), ("top_k_f32", "puupp")]),
     (
         "gather_scatter",

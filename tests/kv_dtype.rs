@@ -1,0 +1,119 @@
+//! Narrow KV caches (f16, the default, and bf16) against the transformers reference on every
+//! fixture architecture. Each step's logits must be within [`tolerance`] of the reference,
+//! relative to the step's largest reference logit magnitude (rounding keys and values to 11 or 8
+//! significant bits moves these random tiny models' logits by up to 8e-4 of their range with
+//! f16 and 2.5e-2 with bf16; f32 caches stay within 1e-3 absolute, as tests/fixture_models.rs
+//! checks). With f16 the 16 greedy tokens of every reference prompt are transformers' exactly.
+//! bf16 may pick the other token where the reference's top two logits are closer than its
+//! error (gpt-oss's fixture has gaps of 0.004): such a flip is allowed only at a near-tie (gap
+//! within twice the logit error there) and ends that prompt's comparison. A cache holds half
+//! the bytes per token of an f32 one.
+
+mod common;
+use common::*;
+use ft_actor::engine::{Engine, EngineConfig, EngineRequest, GenEvent};
+use ft_actor::policy::MoeMode;
+use ft_backend::DType;
+
+const ARCHS: [&str; 9] = ["qwen3_moe", "qwen3_moe_bf16", "qwen2_moe", "mixtral", "glm4_moe", "deepseek_v3", "gpt_oss", "qwen3_next", "qwen3_5_moe"];
+/// Largest logit difference from the reference allowed with a cache of this type, as a
+/// fraction of the step's largest reference logit magnitude.
+fn tolerance(kv_dtype: DType) -> f32 {
+    if kv_dtype == DType::BF16 { 3e-2 } else { 2e-3 }
+}
+
+/// The gap between the two largest values.
+fn top2_gap(v: &[f32]) -> f32 {
+    let (mut a, mut b) = (f32::MIN, f32::MIN);
+    for &x in v {
+        if x > a {
+            b = a;
+            a = x;
+        } else if x > b {
+            b = x;
+        }
+    }
+    a - b
+}
+
+fn config(name: &str, kv_dtype: DType) -> EngineConfig {
+    let mut c = pipeline_config(fixture(name).join("checkpoint"), 0, MoeMode::Cpu);
+    c.kv_dtype = kv_dtype;
+    c
+}
+
+fn check(kv_dtype: DType) {
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    rt.block_on(async {
+        for name in ARCHS {
+            let r = reference_json(name);
+            let refs = reference_tensors(name);
+            let f32_engine = Engine::spawn(config(name, DType::F32), None).await.unwrap();
+            let f32_bytes = f32_engine.info().stats.kv_bytes_per_token;
+            f32_engine.shutdown().await;
+            let engine = Engine::spawn(config(name, kv_dtype), None).await.unwrap();
+            assert_eq!(engine.info().kv_dtype, kv_dtype, "{name}");
+            assert_eq!(engine.info().stats.kv_bytes_per_token * 2, f32_bytes, "{name}: a {kv_dtype} cache is half the size");
+            let mut worst = 0f32;
+            let mut flips = 0;
+            for (p, prompt) in prompts(&r).into_iter().enumerate() {
+                let gen_ref = tensor(&refs, &format!("gen_logits.p{p}"));
+                let want: Vec<u32> = r["generation"][p]["new_ids"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect();
+                let vocab = gen_ref.len() / want.len();
+                let mut req = EngineRequest::greedy(prompt, want.len());
+                req.ignore_eos = true;
+                req.return_logits = true;
+                let mut stream = engine.generate(req).await.unwrap();
+                let mut ids = vec![];
+                while let Some(ev) = stream.next().await {
+                    match ev {
+                        GenEvent::Token { id, logits, .. } => {
+                            let s = ids.len();
+                            ids.push(id);
+                            // After a flip the continuations differ: nothing left to compare.
+                            if ids[..s] != want[..s] {
+                                continue;
+                            }
+                            let step_ref = &gen_ref[s * vocab..(s + 1) * vocab];
+                            let scale = step_ref.iter().fold(0f32, |m, v| m.max(v.abs()));
+                            let d = max_abs_diff(&logits.expect("logits"), step_ref);
+                            worst = worst.max(d / scale);
+                            assert!(d / scale <= tolerance(kv_dtype), "{name} {kv_dtype} p{p} step {s}: logits differ from the reference by {} of their range", d / scale);
+                            if id != want[s] {
+                                let gap = top2_gap(step_ref);
+                                assert!(
+                                    kv_dtype == DType::BF16 && gap <= 2.0 * d,
+                                    "{name} {kv_dtype} p{p} step {s}: token {id}, transformers' {} (top-two gap {gap}, logit error {d})",
+                                    want[s]
+                                );
+                                eprintln!("{name} {kv_dtype} p{p} step {s}: a near-tie (gap {gap:.4}, logit error {d:.4}) went the other way");
+                                flips += 1;
+                            }
+                        }
+                        GenEvent::Done(_) => break,
+                        GenEvent::Error(e) => panic!("{name}: {e}"),
+                    }
+                }
+                assert_eq!(ids.len(), want.len(), "{name} p{p}");
+            }
+            assert!(flips <= 1, "{name} {kv_dtype}: {flips} prompts flipped a token");
+            eprintln!("{name}: {kv_dtype} KV cache, largest logit difference from the reference {worst:.2e} of the logits' range");
+            engine.shutdown().await;
+        }
+    });
+}
+
+#[test]
+fn bf16_kv_cache_stays_within_its_precision_on_every_architecture() {
+    check(DType::BF16);
+}
+
+#[test]
+fn f16_kv_cache_gives_the_reference_tokens_on_every_architecture() {
+    check(DType::F16);
+}
+
+#[test]
+fn the_default_kv_cache_is_f16() {
+    assert_eq!(EngineConfig::default().kv_dtype, DType::F16);
+}
