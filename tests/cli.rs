@@ -341,3 +341,22 @@ fn bench_measures_streams_decoding_together() {
     assert_eq!(arrival["arrival_prompt"], 40);
     assert!(arrival["ttft_s"].as_f64().unwrap() > 0.0 && arrival["longest_pause_s"].as_f64().unwrap() > 0.0, "{arrival}");
 }
+
+/// `bench-replay --subagents` runs the transcript beside subagent conversations at once and
+/// one after another: the table has both rows, the steps were shared (max batch above 1), and
+/// each request's tokens are the same both ways.
+#[test]
+fn bench_replay_runs_subagents_together() {
+    let o = ft(&["bench-replay", "--backend", "cpu", "--turns", "3", "--tool-tokens", "48", "--gen-tokens", "3", "--subagents", "2"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    let row = |label: &str| -> Vec<String> {
+        let line = out.lines().find(|l| l.starts_with(&format!("| {label} |"))).unwrap_or_else(|| panic!("no {label} row:\n{out}"));
+        line.split('|').map(|c| c.trim().to_string()).collect()
+    };
+    let (together, apart) = (row("together"), row("one after another"));
+    let batch = |r: &[String]| r[8].parse::<u64>().unwrap();
+    assert!(batch(&together) > 1, "conversations must share steps: {together:?}");
+    assert_eq!(batch(&apart), 1, "{apart:?}");
+    assert!(out.contains("outputs identical together and one after another: yes"), "{out}");
+}

@@ -11,6 +11,7 @@
 
 pub mod concurrency;
 pub mod replay;
+pub mod subagents;
 
 use crate::engine::{EngineError, EngineHandle, EngineRequest, GenEvent};
 use rayon::prelude::*;

@@ -115,10 +115,9 @@ pub fn transcript(tok: &Tokenizer, o: &ReplayOptions) -> Result<Vec<ReplayReques
     Ok(out)
 }
 
-/// Runs the requests one after another on `engine`, after a warm-up request that shares no
-/// token with them (so the first measured request does not pay for first touches of the
-/// mapped weights, and the warm-up leaves no state the transcript could reuse).
-pub async fn replay(engine: &EngineHandle, requests: &[ReplayRequest], gen_tokens: usize, progress: &mut dyn FnMut(&str)) -> Result<Vec<TurnCost>, EngineError> {
+/// A request that shares no token with `requests`, so that measured requests do not pay for
+/// first touches of the mapped weights, and it leaves no state they could reuse.
+pub async fn warm_up(engine: &EngineHandle, requests: &[ReplayRequest], gen_tokens: usize) -> Result<(), EngineError> {
     let used: std::collections::HashSet<u32> = requests.iter().flat_map(|r| r.prompt.iter().copied()).collect();
     let vocab = engine.info().config.vocab_size as u32;
     // Long enough to route to nearly every expert of every layer at least once.
@@ -126,6 +125,12 @@ pub async fn replay(engine: &EngineHandle, requests: &[ReplayRequest], gen_token
     if !warm.is_empty() {
         engine.generate(EngineRequest::greedy(warm, gen_tokens.max(1))).await?.collect().await?;
     }
+    Ok(())
+}
+
+/// Runs the requests one after another on `engine`, after a [`warm_up`].
+pub async fn replay(engine: &EngineHandle, requests: &[ReplayRequest], gen_tokens: usize, progress: &mut dyn FnMut(&str)) -> Result<Vec<TurnCost>, EngineError> {
+    warm_up(engine, requests, gen_tokens).await?;
     let mut out = vec![];
     for (i, r) in requests.iter().enumerate() {
         let before = engine.stats().await?.prefill_tokens;

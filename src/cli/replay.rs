@@ -22,6 +22,10 @@ pub struct ReplayArgs {
     /// Saved-state budget of the run with reuse (bytes, e.g. 4GiB).
     #[arg(long, default_value = "4GiB")]
     prefix_cache_budget: String,
+    /// Also run the transcript beside this many subagents' conversations at once (and, to
+    /// compare, one conversation after another).
+    #[arg(long, default_value_t = 0)]
+    subagents: usize,
 }
 
 fn ms(d: std::time::Duration) -> f64 {
@@ -78,6 +82,66 @@ pub fn run(a: ReplayArgs) -> Result<()> {
     println!("outputs identical with and without reuse: {}", if same { "yes" } else { "NO" });
     if !same {
         anyhow::bail!("reuse changed the generated tokens");
+    }
+    if a.subagents > 0 {
+        subagents(&a, &rt, requests, &opts, budget)?;
+    }
+    Ok(())
+}
+
+/// The transcript and `a.subagents` subagent conversations, all at once and then one after
+/// another, each on a fresh engine with prefix reuse.
+fn subagents(a: &ReplayArgs, rt: &tokio::runtime::Runtime, main: Vec<crate::bench::replay::ReplayRequest>, opts: &ReplayOptions, budget: u64) -> Result<()> {
+    use crate::bench::subagents::{run_chains, subagent_transcripts, ChainsReport};
+    let mut reports: Vec<(&str, ChainsReport)> = vec![];
+    for (label, parallel) in [("together", true), ("one after another", false)] {
+        let mut config = a.model.engine_config();
+        config.prefix_cache_budget = budget;
+        config.max_active = config.max_active.max(a.subagents + 1);
+        let report = rt.block_on(async {
+            let engine = start_engine(config).await?;
+            let tok = engine.tokenizer().cloned().context("bench-replay needs the model's tokenizer and chat template")?;
+            let mut chains = vec![main.clone()];
+            chains.extend(subagent_transcripts(&tok, opts, a.subagents)?);
+            crate::bench::replay::warm_up(&engine, &chains.concat(), opts.gen_tokens).await?;
+            eprintln!("[{label}] {} conversations, {} requests", chains.len(), chains.iter().map(Vec::len).sum::<usize>());
+            let r = run_chains(&engine, &chains, opts.gen_tokens, parallel).await;
+            engine.shutdown().await;
+            anyhow::Ok(r?)
+        })?;
+        reports.push((label, report));
+    }
+    println!();
+    println!(
+        "the transcript and {} subagents ({} requests of {} generated tokens each): wall time and TTFT from timers, \
+         prefill and generated tokens from the engine's counters",
+        a.subagents,
+        reports[0].1.turns.iter().map(Vec::len).sum::<usize>(),
+        opts.gen_tokens
+    );
+    println!("| run | wall | generated tok/s | TTFT p50 | TTFT p99 | prompt tokens prefilled | reused | max batch | preemptions |");
+    println!("|---|---|---|---|---|---|---|---|---|");
+    for (label, r) in &reports {
+        let t = r.ttfts();
+        let pick = |q: f64| t.get(((t.len() as f64 * q).ceil() as usize).saturating_sub(1)).map_or(0.0, |d| ms(*d));
+        println!(
+            "| {label} | {:.2} s | {:.2} | {:.0} ms | {:.0} ms | {} | {} | {} | {} |",
+            r.wall.as_secs_f64(),
+            r.generated as f64 / r.wall.as_secs_f64().max(1e-9),
+            pick(0.5),
+            pick(0.99),
+            r.prefilled,
+            r.turns.iter().flatten().map(|t| t.cached).sum::<usize>(),
+            r.max_batch,
+            r.preemptions
+        );
+    }
+    let (together, apart) = (&reports[0].1, &reports[1].1);
+    println!("wall time one after another ÷ together: {:.2}×", apart.wall.as_secs_f64() / together.wall.as_secs_f64().max(1e-9));
+    let same = together.turns.iter().flatten().zip(apart.turns.iter().flatten()).all(|(x, y)| x.tokens == y.tokens);
+    println!("outputs identical together and one after another: {}", if same { "yes" } else { "NO" });
+    if !same {
+        anyhow::bail!("running the conversations together changed the generated tokens");
     }
     Ok(())
 }
