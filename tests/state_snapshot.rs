@@ -203,3 +203,37 @@ fn caches_grow_as_tokens_arrive_and_change_nothing() {
         assert_eq!(grown.len(), before);
     }
 }
+
+/// An f16 cache's snapshot (on the device and in host memory) restores into an f16 state and
+/// continues exactly as the uninterrupted f16 run, taking half the bytes of an f32 one; it is
+/// refused by an f32 state rather than misread.
+#[test]
+fn a_narrow_cache_snapshot_keeps_its_type() {
+    use ft_backend::DType;
+    for name in ["qwen3_moe", "deepseek_v3", "qwen3_5_moe"] {
+        let model = load(name);
+        let ids = &prompts(&reference_json(name))[1];
+        let (head, tail) = ids.split_at(7);
+        let f16 = |cap: usize| SequenceState::with_rows(&model, cap, 256, DType::F16).unwrap();
+        let mut a = f16(ids.len() + 6);
+        model.forward(&mut a, head, Logits::None).unwrap();
+        let snap = a.snapshot().unwrap();
+        let want = continue_greedy(&model, &mut a, tail, 6);
+        let mut f32_state = SequenceState::new(&model, ids.len() + 6).unwrap();
+        model.forward(&mut f32_state, head, Logits::None).unwrap();
+        let wide = f32_state.snapshot().unwrap();
+        assert!(snap.size_bytes() < wide.size_bytes(), "{name}: {} vs {}", snap.size_bytes(), wide.size_bytes());
+        let mut host = f16(ids.len() + 6);
+        model.forward(&mut host, head, Logits::None).unwrap();
+        let mut host = host.snapshot().unwrap();
+        host.move_to_host(model.backend()).unwrap();
+        for s in [&snap, &host] {
+            let mut b = f16(ids.len() + 40);
+            b.restore(s).unwrap();
+            assert_eq!(continue_greedy(&model, &mut b, tail, 6), want, "{name}");
+            let mut c = SequenceState::new(&model, ids.len() + 6).unwrap();
+            let e = c.restore(s).expect_err("an f32 state refuses an f16 snapshot");
+            assert!(e.to_string().contains("cache type"), "{e}");
+        }
+    }
+}

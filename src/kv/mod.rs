@@ -71,6 +71,13 @@ enum Part {
 }
 
 impl Part {
+    fn dtype(&self) -> DType {
+        match self {
+            Part::Device(b) => b.dtype(),
+            Part::Host(_, dtype) => *dtype,
+        }
+    }
+
     fn elements(&self) -> usize {
         match self {
             Part::Device(b) => b.len(),
@@ -379,6 +386,9 @@ impl SequenceState {
         let want = self.snapshot_extents(snapshot.len);
         if want.len() != snapshot.parts.len() || want.iter().zip(&snapshot.parts).any(|(n, p)| *n != p.elements()) {
             return Err(ModelError::Invalid("snapshot layers do not match this model's state".into()));
+        }
+        if self.buffers().iter().zip(&snapshot.parts).any(|((b, _), p)| b.dtype() != p.dtype()) {
+            return Err(ModelError::Invalid("the snapshot's cache type differs from this state's".into()));
         }
         // Per-token buffers only need the kept prefix; fixed-size ones are copied whole.
         self.reserve(len)?;

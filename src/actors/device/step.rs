@@ -121,9 +121,8 @@ impl Worker {
         // Failed ones leave the batch (highest index first, so the others keep theirs).
         failed.sort_by_key(|(i, _)| std::cmp::Reverse(*i));
         for (i, e) in failed {
-            let (id, s) = batch.remove(i);
+            let (id, _) = batch.remove(i);
             runs.remove(i);
-            drop(s);
             results.push((id, Err(e.into())));
         }
         runs
