@@ -104,18 +104,9 @@ pub(super) async fn spawn(
 
     let cfg = model.config().clone();
     let mut st = stats(&model);
-    // A backend that cannot write (or attend over) the narrow cache type keeps f32.
-    let probe = ft_backend::AttentionDesc {
-        n_tokens: 1,
-        n_heads: cfg.num_heads.max(1),
-        n_kv_heads: cfg.num_kv_heads.max(1),
-        head_dim: cfg.head_dim.max(1),
-        v_head_dim: cfg.head_dim.max(1),
-        kv_len: 1,
-        scale: 1.0,
-        window: None,
-    };
-    let kv_dtype = if backend.supports_store(config.kv_dtype) && backend.supports_attention(&probe, config.kv_dtype) {
+    // A backend that cannot write (or attend over) the narrow cache type keeps f32; sizes its
+    // attention kernel cannot take fall back to the CPU's, which reads every type.
+    let kv_dtype = if backend.supports_store(config.kv_dtype) && backend.supports(ft_backend::Op::Attention, config.kv_dtype) {
         config.kv_dtype
     } else {
         tracing::warn!("the {} backend cannot keep a {} KV cache: using f32", backend.kind(), config.kv_dtype);
