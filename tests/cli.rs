@@ -340,6 +340,9 @@ fn bench_measures_streams_decoding_together() {
     let arrival = lines.iter().find(|v| v.get("arrival_prompt").is_some()).expect("arrival line");
     assert_eq!(arrival["arrival_prompt"], 40);
     assert!(arrival["ttft_s"].as_f64().unwrap() > 0.0 && arrival["longest_pause_s"].as_f64().unwrap() > 0.0, "{arrival}");
+    // The engine's step timer: a stream's longest pause is at least the longest step.
+    let step = arrival["longest_step_s"].as_f64().unwrap();
+    assert!(step > 0.0 && step <= arrival["longest_pause_s"].as_f64().unwrap() + 1e-3, "{arrival}");
 }
 
 /// `bench-replay --subagents` runs the transcript beside subagent conversations at once and

@@ -115,6 +115,9 @@ pub struct ArrivalReport {
     pub longest_pause_s: f64,
     /// The running streams' median gap between tokens before it arrived, seconds.
     pub typical_gap_s: f64,
+    /// The longest batched step while it was prefilled (one prompt chunk beside the decodes),
+    /// seconds, from the engine's step timer: the pause a stream cannot avoid.
+    pub longest_step_s: f64,
 }
 
 /// See [`ArrivalReport`].
@@ -141,6 +144,8 @@ pub async fn long_prompt_arrival(
         tokio::time::sleep(std::time::Duration::from_millis(1)).await;
     }
     let long: Vec<u32> = bench_prompt(prompt_len.max(1), vocab as usize).iter().map(|t| (t + salt + 17) % vocab).collect();
+    // The step timer's maximum from here on belongs to the arrival's steps.
+    engine.reset_stats().await?;
     let arrived = Instant::now();
     let mut req = EngineRequest::greedy(long, 1);
     req.ignore_eos = true;
@@ -154,6 +159,7 @@ pub async fn long_prompt_arrival(
         }
     }
     let first = first.unwrap_or_else(Instant::now);
+    let longest_step_s = engine.stats().await?.max_step_s;
     for h in &handles {
         h.abort();
     }
@@ -175,5 +181,6 @@ pub async fn long_prompt_arrival(
         ttft_s: (first - arrived).as_secs_f64(),
         longest_pause_s: longest,
         typical_gap_s: Spread::of(&before).median,
+        longest_step_s,
     })
 }

@@ -196,13 +196,14 @@ fn print_concurrency(rows: &[(MoeMode, Vec<ConcurrencyReport>, Option<ArrivalRep
                 println!(
                     "{}",
                     serde_json::json!({"mode": mode.to_string(), "arrival_prompt": a.prompt_len, "ttft_s": a.ttft_s,
-                        "longest_pause_s": a.longest_pause_s, "typical_gap_s": a.typical_gap_s})
+                        "longest_pause_s": a.longest_pause_s, "typical_gap_s": a.typical_gap_s, "longest_step_s": a.longest_step_s})
                 );
             } else {
                 println!(
                     "[{mode}] a {}-token prompt arriving while they decode: time to first token {:.2} s; longest pause a running \
-                     stream saw meanwhile {:.3} s (their usual gap between tokens before it: {:.3} s); from token timestamps",
-                    a.prompt_len, a.ttft_s, a.longest_pause_s, a.typical_gap_s
+                     stream saw meanwhile {:.3} s (their usual gap between tokens before it: {:.3} s) from token timestamps; \
+                     longest single step meanwhile (one prompt chunk beside the decodes) {:.3} s from the engine's step timer",
+                    a.prompt_len, a.ttft_s, a.longest_pause_s, a.typical_gap_s, a.longest_step_s
                 );
             }
         }

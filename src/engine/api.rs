@@ -333,6 +333,9 @@ pub struct EngineStats {
     pub recomputes: u64,
     /// Running sequences preempted because the next step would have overflowed the KV pool.
     pub preemptions: u64,
+    /// Wall time of the longest batched step, seconds (what a running stream waits at most
+    /// for its next token while a prompt chunk runs beside it).
+    pub max_step_s: f64,
     /// Bytes of the KV pool.
     pub kv_pool_bytes: u64,
     /// Bytes of it the sequences' caches held after the last step.

@@ -98,6 +98,7 @@ impl Metrics {
         metric("ft_engine_mixed_steps_total", "counter", "Steps that ran prompt chunks beside decodes.", plain(s.mixed_steps as f64));
         metric("ft_engine_max_batch", "gauge", "Most sequences one step advanced.", plain(s.max_batch as f64));
         metric("ft_engine_recomputes_total", "counter", "Sequences recomputed after a batched step they were in failed.", plain(s.recomputes as f64));
+        metric("ft_engine_max_step_seconds", "gauge", "Wall time of the longest batched step (a running stream's longest wait for a token while a prompt chunk runs).", plain(s.max_step_s));
         metric("ft_engine_preemptions_total", "counter", "Running sequences preempted (state saved, then rebuilt) because the KV pool was full.", plain(s.preemptions as f64));
         metric("ft_kv_pool_bytes", "gauge", "Bytes of the KV pool the sequences' caches share.", plain(s.kv_pool_bytes as f64));
         metric("ft_kv_used_bytes", "gauge", "Bytes of the KV pool held after the last step.", plain(s.kv_used_bytes as f64));

@@ -211,6 +211,7 @@ impl Worker {
         };
         let elapsed = start.elapsed().as_secs_f64();
         self.dev.steps += 1;
+        self.dev.max_step_s = self.dev.max_step_s.max(elapsed);
         self.dev.step_sequences += counts.iter().filter(|&&c| c > 0).count() as u64;
         self.dev.step_tokens += counts.iter().sum::<usize>() as u64;
         self.dev.max_batch = self.dev.max_batch.max(counts.iter().filter(|&&c| c > 0).count() as u64);
