@@ -52,9 +52,32 @@ fn tool_output(turn: usize, tokens: usize) -> String {
     (0..lines).map(|i| format!("src/module_{turn}/file_{i}.rs:{}: fn handler_{i}(req: Request) -> Response\n", 10 + i * 7)).collect()
 }
 
+/// The system prompt the agent and its subagents share.
+pub(crate) const SYSTEM_PROMPT: &str =
+    "You are a coding agent working in a Rust repository. Use the tools to read and search files; keep answers short and precise.";
+
+/// A conversation's requests as an agent sends them: the first (system and task), then per
+/// turn the tool call with its output, and the answer with the next user turn (`full` holds
+/// 2 + 4 × `turns` messages).
+pub(crate) fn growing_requests(
+    template: &ChatTemplate,
+    tok: &Tokenizer,
+    full: &[Value],
+    turns: usize,
+    label: &str,
+) -> Result<Vec<ReplayRequest>, EngineError> {
+    let mut out = vec![ReplayRequest { label: format!("{label}first request"), prompt: render(template, tok, &full[..2])? }];
+    for t in 0..turns {
+        for (what, end) in [("tool output", 2 + 4 * t + 2), ("next user turn", 2 + 4 * (t + 1))] {
+            out.push(ReplayRequest { label: format!("{label}turn {}: {what}", t + 1), prompt: render(template, tok, &full[..end])? });
+        }
+    }
+    Ok(out)
+}
+
 fn conversation(turns: usize, tool_tokens: usize) -> Vec<Value> {
     let mut m = vec![
-        json!({"role": "system", "content": "You are a coding agent working in a Rust repository. Use the tools to read and search files; keep answers short and precise."}),
+        json!({"role": "system", "content": SYSTEM_PROMPT}),
         json!({"role": "user", "content": "Find where requests are routed and add a health check endpoint."}),
     ];
     for t in 0..turns {
@@ -88,17 +111,11 @@ pub fn transcript(tok: &Tokenizer, o: &ReplayOptions) -> Result<Vec<ReplayReques
     let template = ChatTemplate::from_tokenizer(tok).map_err(|e| EngineError::InvalidRequest(format!("chat template: {e}")))?;
     let turns = o.turns.max(3);
     let full = conversation(turns, o.tool_tokens);
-    let mut out = vec![];
+    let mut out = growing_requests(&template, tok, &full, turns, "")?;
     let mut push = |label: String, messages: &[Value]| -> Result<(), EngineError> {
         out.push(ReplayRequest { label, prompt: render(&template, tok, messages)? });
         Ok(())
     };
-    push("first request".into(), &full[..2])?;
-    for t in 0..turns {
-        // The tool call and its output arrive as one request, the answer and the next user turn as another.
-        push(format!("turn {}: tool output", t + 1), &full[..2 + 4 * t + 2])?;
-        push(format!("turn {}: next user turn", t + 1), &full[..2 + 4 * (t + 1)])?;
-    }
     // The agent shortens the first tool output to save context.
     let mut cut = full.clone();
     let first_tool = &mut cut[3]["content"];

@@ -5,7 +5,7 @@
 //! on a fresh engine for comparison: wall time, time to first token, prefill work, and whether
 //! each request's tokens are the same both ways.
 
-use super::replay::{render, ReplayOptions, ReplayRequest};
+use super::replay::{growing_requests, ReplayOptions, ReplayRequest, SYSTEM_PROMPT};
 use crate::chat::ChatTemplate;
 use crate::engine::{EngineError, EngineHandle, EngineRequest};
 use crate::tokenizer::Tokenizer;
@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 /// and tool calls whose outputs are its own (so subagents share only the system prompt).
 fn subagent_conversation(k: usize, o: &ReplayOptions) -> Vec<Value> {
     let mut m = vec![
-        json!({"role": "system", "content": "You are a coding agent working in a Rust repository. Use the tools to read and search files; keep answers short and precise."}),
+        json!({"role": "system", "content": SYSTEM_PROMPT}),
         json!({"role": "user", "content": format!("Subtask {k}: list the public functions of crate part {k} and note which lack tests.")}),
     ];
     for t in 0..o.turns.max(1) {
@@ -36,18 +36,7 @@ fn subagent_conversation(k: usize, o: &ReplayOptions) -> Vec<Value> {
 /// output and the next user turn.
 pub fn subagent_transcripts(tok: &Tokenizer, o: &ReplayOptions, n: usize) -> Result<Vec<Vec<ReplayRequest>>, EngineError> {
     let template = ChatTemplate::from_tokenizer(tok).map_err(|e| EngineError::InvalidRequest(format!("chat template: {e}")))?;
-    (0..n)
-        .map(|k| {
-            let full = subagent_conversation(k, o);
-            let mut chain = vec![ReplayRequest { label: format!("subagent {k}: task"), prompt: render(&template, tok, &full[..2])? }];
-            for t in 0..o.turns.max(1) {
-                for (what, end) in [("tool output", 2 + 4 * t + 2), ("next user turn", 2 + 4 * (t + 1))] {
-                    chain.push(ReplayRequest { label: format!("subagent {k}: turn {} {what}", t + 1), prompt: render(&template, tok, &full[..end])? });
-                }
-            }
-            Ok(chain)
-        })
-        .collect()
+    (0..n).map(|k| growing_requests(&template, tok, &subagent_conversation(k, o), o.turns.max(1), &format!("subagent {k}: "))).collect()
 }
 
 /// One request's cost in a chain.

@@ -202,12 +202,6 @@ impl SequenceState {
         self.buffers().iter().map(|(b, e)| if matches!(e, Extent::PerToken(_)) { b.size_bytes() as u64 } else { 0 }).sum()
     }
 
-    /// Bytes its per-token caches would hold after growing to `tokens` tokens.
-    pub fn bytes_after(&self, tokens: usize) -> u64 {
-        let rows = crate::policy::rows_after(self.allocated, tokens.min(self.capacity), self.capacity);
-        self.held_bytes() / self.allocated.max(1) as u64 * rows as u64
-    }
-
     /// Makes room for `tokens` tokens: per-token buffers grow to at least twice their rows
     /// (at most `capacity`), keeping what they hold. On failure the state is as it was.
     pub fn reserve(&mut self, tokens: usize) -> Result<(), ModelError> {

@@ -93,8 +93,6 @@ pub fn rows_after(allocated: usize, tokens: usize, capacity: usize) -> usize {
 /// One sequence of a step, oldest first, as the pool sees it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct KvUse {
-    /// Bytes it holds now.
-    pub held: u64,
     /// Bytes it holds after this step if it runs (a waiting one: after it is rebuilt whole).
     pub need: u64,
     /// Whether it is waiting (never started, or preempted) and holds no cache.
@@ -121,13 +119,15 @@ pub struct KvDecision {
 pub fn plan_kv(budget: u64, seqs: &[KvUse]) -> KvDecision {
     let mut runs: Vec<bool> = seqs.iter().map(|s| !s.waiting).collect();
     let mut total: u64 = seqs.iter().filter(|s| !s.waiting).map(|s| s.need).sum();
+    let mut running = runs.iter().filter(|r| **r).count();
     let mut preempt = Vec::new();
     for i in (0..seqs.len()).rev() {
-        if total <= budget || runs.iter().filter(|r| **r).count() <= 1 {
+        if total <= budget || running <= 1 {
             break;
         }
         if runs[i] {
             runs[i] = false;
+            running -= 1;
             total -= seqs[i].need;
             preempt.push(i);
         }
@@ -209,16 +209,16 @@ mod tests {
         assert_eq!(rows_after(1, 300, 4096), 300);
     }
 
-    fn run(held: u64, need: u64) -> KvUse {
-        KvUse { held, need, waiting: false }
+    fn run(need: u64) -> KvUse {
+        KvUse { need, waiting: false }
     }
     fn wait(need: u64) -> KvUse {
-        KvUse { held: 0, need, waiting: true }
+        KvUse { need, waiting: true }
     }
 
     #[test]
     fn everything_runs_when_it_fits() {
-        let d = plan_kv(100, &[run(10, 20), run(10, 20), wait(30)]);
+        let d = plan_kv(100, &[run(20), run(20), wait(30)]);
         assert_eq!(d.runs, vec![true, true, true]);
         assert!(d.preempt.is_empty());
         assert_eq!(d.resume, vec![2]);
@@ -226,22 +226,22 @@ mod tests {
 
     #[test]
     fn the_youngest_running_sequence_is_preempted() {
-        let d = plan_kv(100, &[run(40, 50), run(30, 40), run(20, 30)]);
+        let d = plan_kv(100, &[run(50), run(40), run(30)]);
         assert_eq!(d.runs, vec![true, true, false]);
         assert_eq!(d.preempt, vec![2]);
-        let d = plan_kv(60, &[run(40, 50), run(30, 40), run(20, 30)]);
+        let d = plan_kv(60, &[run(50), run(40), run(30)]);
         assert_eq!(d.preempt, vec![2, 1]);
         // One alone always runs.
-        let d = plan_kv(10, &[run(40, 50), run(30, 40)]);
+        let d = plan_kv(10, &[run(50), run(40)]);
         assert_eq!(d.runs, vec![true, false]);
     }
 
     #[test]
     fn waiting_sequences_start_oldest_first_when_room_returns() {
-        let d = plan_kv(100, &[run(30, 40), wait(70), wait(10)]);
+        let d = plan_kv(100, &[run(40), wait(70), wait(10)]);
         assert_eq!(d.runs, vec![true, false, false], "the younger one waits behind the older");
         assert!(d.resume.is_empty());
-        let d = plan_kv(100, &[run(30, 40), wait(50), wait(10)]);
+        let d = plan_kv(100, &[run(40), wait(50), wait(10)]);
         assert_eq!(d.resume, vec![1, 2]);
         // With nothing running, the oldest starts even if it needs more than the pool.
         let d = plan_kv(100, &[wait(150), wait(10)]);

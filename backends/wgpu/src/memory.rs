@@ -347,28 +347,17 @@ impl WgpuBackend {
             return self.check_device();
         }
         // 16-bit elements at odd offsets: a shader moves halves of words.
+        self.copy16(src, dst, d, 0)
+    }
+
+    /// The `copy16` shader over `d`: 16-bit values moved (`tdt` 0), or f32 values stored as
+    /// f16 / bf16 (`tdt` 1 / 2), one thread per destination word. `d` is checked and not empty.
+    fn copy16(&self, src: &DeviceBuffer, dst: &DeviceBuffer, d: &CopyDesc, tdt: u32) -> Result<()> {
         let s = self.window(src, d.src_offset, d.len, "copy source")?;
         let t = self.window(dst, d.dst_offset, d.len, "copy destination")?;
-        let (first_word, end_word) = (
-            t.base as u64 / 2,
-            (t.base as u64 + d.len as u64).div_ceil(2),
-        );
-        let words = end_word - first_word;
-        let params = [
-            u32_of(words as usize, "copy")?,
-            0,
-            0,
-            s.base,
-            t.base,
-            u32_of(d.len, "copy")?,
-        ];
-        self.dispatch(
-            Kernel::Copy16,
-            &[],
-            &params,
-            &[(8, s.bind), (9, t.bind)],
-            words.div_ceil(256),
-        )
+        let words = (t.base as u64 + d.len as u64).div_ceil(2) - t.base as u64 / 2;
+        let params = [u32_of(words as usize, "copy")?, 0, 0, s.base, t.base, u32_of(d.len, "copy")?];
+        self.dispatch(Kernel::Copy16, &[("TDT", tdt)], &params, &[(8, s.bind), (9, t.bind)], words.div_ceil(256))
     }
 
     /// f32 values into a 16-bit buffer, rounded (see [`ft_backend::Backend::store`]).
@@ -384,11 +373,6 @@ impl WgpuBackend {
         if d.len == 0 {
             return Ok(());
         }
-        let s = self.window(src, d.src_offset, d.len, "store source")?;
-        let t = self.window(dst, d.dst_offset, d.len, "store destination")?;
-        let (first_word, end_word) = (t.base as u64 / 2, (t.base as u64 + d.len as u64).div_ceil(2));
-        let words = end_word - first_word;
-        let params = [u32_of(words as usize, "store")?, 0, 0, s.base, t.base, u32_of(d.len, "store")?];
-        self.dispatch(Kernel::Copy16, &[("TDT", code)], &params, &[(8, s.bind), (9, t.bind)], words.div_ceil(256))
+        self.copy16(src, dst, d, code)
     }
 }

@@ -99,13 +99,13 @@ impl Worker {
             .iter()
             .map(|(_, s)| {
                 let cap = s.state.capacity();
-                if s.waiting {
-                    let rows = rows_after(INITIAL_ROWS.min(cap), (s.history.len() + 1).min(cap), cap);
-                    KvUse { held: s.state.held_bytes(), need: per_token * rows as u64, waiting: true }
+                // Rows after this step; a waiting one is rebuilt whole from a fresh state.
+                let (from, tokens) = if s.waiting {
+                    (INITIAL_ROWS.min(cap), s.history.len() + 1)
                 } else {
-                    let next = s.state.len() + s.prompt_left().min(step).max(1);
-                    KvUse { held: s.state.held_bytes(), need: s.state.bytes_after(next), waiting: false }
-                }
+                    (s.state.allocated(), s.state.len() + s.prompt_left().min(step).max(1))
+                };
+                KvUse { need: per_token * rows_after(from, tokens.min(cap), cap) as u64, waiting: s.waiting }
             })
             .collect();
         let plan = plan_kv(self.args.kv_pool, &uses);
