@@ -242,3 +242,27 @@ fn tied_embeddings_use_the_embedding_matrix() {
     let want: Vec<f32> = embed.chunks(h).map(|row| row.iter().zip(&normed).map(|(a, b)| a * b).sum()).collect();
     assert!(max_abs_diff(&got, &want) <= 1e-4);
 }
+
+/// The engine's default `int8` products meet bf16 weights with `vdpbf16ps` from 12 tokens on
+/// (CPUs with AVX-512 BF16), rounding each activation by up to 2⁻⁹ of itself, as transformers
+/// does when it computes in bf16. The bound per prompt is how far transformers' own bf16
+/// compute (`logits_bf16compute`) lands from its f32 logits (0.10, 0.019, 0.24), and the greedy
+/// tokens must be the reference's.
+#[test]
+fn qwen3_moe_bf16_prefill_with_bf16_activations_keeps_the_reference() {
+    let name = "qwen3_moe_bf16";
+    let model = load_path_int8(&fixture(name).join("checkpoint"));
+    let r = reference_json(name);
+    let refs = reference_tensors(name);
+    for (p, ids) in prompts(&r).iter().enumerate() {
+        let mut state = SequenceState::new(&model, ids.len() + 16).unwrap();
+        let logits = model.forward(&mut state, ids, Logits::All).unwrap();
+        let want = tensor(&refs, &format!("logits.p{p}"));
+        let d = max_abs_diff(&logits, &want);
+        let bound = max_abs_diff(&tensor(&refs, &format!("logits_bf16compute.p{p}")), &want);
+        eprintln!("{name} p{p} ({} tokens): max |Δ| logits {d:.3e}; transformers in bf16: {bound:.3e}", ids.len());
+        assert!(d <= bound, "{name} p{p} ({} tokens): logits max abs diff {d} beyond transformers' own bf16 compute ({bound})", ids.len());
+        let want: Vec<u32> = r["generation"][p]["new_ids"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect();
+        assert_eq!(greedy(&model, ids, 16), want, "{name} p{p}: greedy tokens");
+    }
+}

@@ -94,6 +94,23 @@ pub fn matmul(
     let work = need(need(n, k, "n·k")?, m, "n·k·m")?;
     let threads = pool.current_num_threads();
     let serial = threads <= 1 || work < PARALLEL_MIN_WORK || m < 2 * CHUNK_ROWS;
+    if let Some(xb) = bf16_activations(level, dot, x, n, k, dtype)? {
+        let rb = need(k, 2, "bf16 row bytes")?;
+        let w = w.get(..need(m, rb, "weight bytes")?).ok_or_else(|| {
+            shape_err(format!("bf16 matmul of {m} rows × k={k}: weights hold {} bytes", w.len()))
+        })?;
+        if out.len() < need(n, m, "n·m")? {
+            return Err(shape_err(format!("matmul output holds {}, need {n}×{m}", out.len())));
+        }
+        if serial {
+            bf16_rows(&xb, n, k, w, 0..m, out);
+            return Ok(());
+        }
+        return split_rows(pool, n, m, out, |r, o| {
+            bf16_rows(&xb, n, k, w, r, o);
+            Ok(())
+        });
+    }
     if dtype.is_quantized() {
         // Padding, sub-block sums and int8 codes are made once, not once per row chunk.
         if let Some(prep) = Prepared::new(level, dot, x, k, n, k, dtype)? {
@@ -124,6 +141,72 @@ pub fn matmul(
         )));
     }
     split_rows(pool, n, m, out, |r, o| matmul_rows(level, x, n, k, w, dtype, r, o))
+}
+
+/// Fewest tokens for which bf16 weights meet bf16-rounded activations: below this the
+/// product streams the weights (decode, small batches) and the exact widening kernel costs
+/// nothing extra, so only compute-bound prefill takes the rounding.
+const BF16_DOT_MIN_TOKENS: usize = 12;
+
+/// `x` rounded to bf16 when this product runs on `vdpbf16ps` (bf16 weights, reduced-precision
+/// activations allowed by `dot`, enough tokens, a CPU with AVX-512 BF16); `None` otherwise.
+fn bf16_activations(level: SimdLevel, dot: QuantDot, x: &[f32], n: usize, k: usize, dtype: DType) -> Result<Option<Vec<u16>>> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use super::x86::dpbf16;
+        if dot == QuantDot::Int8 && dtype == DType::BF16 && n >= BF16_DOT_MIN_TOKENS && level.effective() == SimdLevel::Avx512 && dpbf16::available() {
+            let len = need(n, k, "n·k")?;
+            let x = x.get(..len).ok_or_else(|| shape_err(format!("matmul of {n} tokens × k={k}: x holds {} values", x.len())))?;
+            let mut xb = vec![0u16; len];
+            // SAFETY: `available` checked the instruction set; both slices hold `len` values.
+            unsafe { dpbf16::round_row(x.as_ptr(), xb.as_mut_ptr(), len) };
+            return Ok(Some(xb));
+        }
+    }
+    let _ = (level, dot, x, n, k, dtype);
+    Ok(None)
+}
+
+/// `out[t, r - rows.start] = xb[t, :] · w[r, :]` with bf16 activations `xb` (`[n, k]`) and
+/// bf16 weight rows; `w` and `out` were checked to cover `rows` by the caller, and `xb` is only
+/// ever made by [`bf16_activations`], on a CPU that has the instructions.
+fn bf16_rows(xb: &[u16], n: usize, k: usize, w: &[u8], rows: Range<usize>, out: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use super::x86::dpbf16::{tile, BfTile, ROWS, TOKENS};
+        let nrows = rows.len();
+        assert!(xb.len() >= n * k && w.len() >= rows.end * k * 2 && out.len() >= n * nrows, "bf16 product extents");
+        let wp = w.as_ptr().wrapping_add(rows.start * k * 2);
+        let tiles = n.div_ceil(TOKENS);
+        let mut r = 0;
+        while r < nrows {
+            let nr = if nrows - r >= ROWS { ROWS } else { 1 };
+            // The next row block's bytes, shared out among this block's token tiles.
+            let next = (nrows - r - nr).min(ROWS) * k * 2;
+            let share = next.div_ceil(tiles).next_multiple_of(64);
+            for (j, t0) in (0..n).step_by(TOKENS).enumerate() {
+                let pf_start = (j * share).min(next);
+                let a = BfTile {
+                    x: xb.as_ptr().wrapping_add(t0 * k),
+                    xs: k,
+                    w: wp.wrapping_add(r * k * 2),
+                    wsb: k * 2,
+                    k,
+                    out: out.as_mut_ptr().wrapping_add(t0 * nrows + r),
+                    os: nrows,
+                    accumulate: false,
+                    pf: wp.wrapping_add((r + nr) * k * 2 + pf_start),
+                    pf_len: share.min(next - pf_start),
+                };
+                // SAFETY: the extents were asserted above and `xb` exists only where the
+                // instructions do.
+                unsafe { tile(TOKENS.min(n - t0), nr, a) };
+            }
+            r += nr;
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (xb, n, k, w, rows, out);
 }
 
 /// Runs `f(rows, out_rows)` over row chunks of an `[n, m]` product on `pool`; `out_rows` is
@@ -404,3 +487,7 @@ unsafe fn drive<I: Isa>(
     }
     Ok(())
 }
+
+#[cfg(test)]
+#[path = "gemv_bf16_tests.rs"]
+mod bf16_tests;

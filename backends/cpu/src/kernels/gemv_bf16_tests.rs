@@ -1,0 +1,121 @@
+//! The `vdpbf16ps` prefill path of [`super::matmul`] against f64 references.
+
+use super::*;
+
+fn values(n: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            ((s >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 3.0
+        })
+        .collect()
+}
+
+fn bf16(v: f32) -> f64 {
+    half::bf16::from_f32(v).to_f64()
+}
+
+/// Whether this CPU takes the bf16 path at all (otherwise the Int8 mode must stay exact).
+fn has_dpbf16() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        SimdLevel::Auto.effective() == SimdLevel::Avx512 && super::super::x86::dpbf16::available()
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
+#[test]
+fn activations_round_to_nearest_even() {
+    // Ties (the low 16 bits exactly 0x8000) go to the even neighbour; the tail is not a
+    // multiple of 32 so the masked conversion is covered too.
+    let (n, k) = (BF16_DOT_MIN_TOKENS, 7);
+    let mut x: Vec<f32> = values(n * k, 9);
+    x[3] = f32::from_bits(0x3f80_8000); // tie, even below
+    x[4] = f32::from_bits(0x3f81_8000); // tie, even above
+    x[70] = f32::from_bits(0xbf80_8001);
+    let got = bf16_activations(SimdLevel::Auto, QuantDot::Int8, &x, n, k, DType::BF16).expect("round");
+    if !has_dpbf16() {
+        eprintln!("skipped: this CPU has no AVX-512 BF16, the bf16 activation path is not taken");
+        assert!(got.is_none());
+        return;
+    }
+    let got = got.expect("bf16 path on a CPU with AVX-512 BF16");
+    let want: Vec<u16> = x.iter().map(|&v| half::bf16::from_f32(v).to_bits()).collect();
+    assert_eq!(got, want);
+    // Exact mode, other dtypes and decode-sized products never round.
+    assert!(bf16_activations(SimdLevel::Auto, QuantDot::Exact, &x, n, k, DType::BF16).expect("exact").is_none());
+    assert!(bf16_activations(SimdLevel::Auto, QuantDot::Int8, &x, n, k, DType::F16).expect("f16").is_none());
+    assert!(bf16_activations(SimdLevel::Auto, QuantDot::Int8, &x[..k], 1, k, DType::BF16).expect("n=1").is_none());
+    assert!(bf16_activations(SimdLevel::Avx2, QuantDot::Int8, &x, n, k, DType::BF16).expect("avx2").is_none());
+}
+
+#[test]
+fn prefill_product_matches_rounded_reference() {
+    let pool = rayon::ThreadPoolBuilder::new().num_threads(2).build().expect("pool");
+    // Token counts around the tile (6) and the threshold; k with and without a 32 tail; row
+    // counts with a ragged end and enough rows for the pool split.
+    for &(n, k, m) in &[(12, 64, 5), (13, 37, 9), (19, 2053, 33), (31, 768, 130), (64, 96, 4)] {
+        let x = values(n * k, (n * k) as u64);
+        let wf = values(m * k, (m + k) as u64);
+        let w = ft_backend::dtype::from_f32_slice(&wf, DType::BF16);
+        let mut got = vec![f32::NAN; n * m];
+        matmul(&pool, SimdLevel::Auto, QuantDot::Int8, &x, n, k, &w, DType::BF16, m, &mut got).expect("matmul");
+        let mut exact = vec![f32::NAN; n * m];
+        matmul(&pool, SimdLevel::Auto, QuantDot::Exact, &x, n, k, &w, DType::BF16, m, &mut exact).expect("exact");
+        for t in 0..n {
+            for r in 0..m {
+                let (mut rounded, mut full, mut mag) = (0f64, 0f64, 0f64);
+                for p in 0..k {
+                    let wv = bf16(wf[r * k + p]);
+                    rounded += bf16(x[t * k + p]) * wv;
+                    full += x[t * k + p] as f64 * wv;
+                    mag += (x[t * k + p] as f64 * wv).abs();
+                }
+                let g = got[t * m + r] as f64;
+                // bf16 activations: each element off by ≤ 2⁻⁹ of itself.
+                assert!((g - full).abs() <= mag / 512.0, "n={n} k={k} [{t},{r}]: {g} vs {full}");
+                if has_dpbf16() {
+                    // The products of bf16 pairs are exact in f32; what remains is f32
+                    // accumulation: one rounding per 32-element step and lane, 8 to reduce.
+                    let tol = (k as f64 / 32.0 + 8.0) * mag * f64::from(f32::EPSILON);
+                    assert!((g - rounded).abs() <= tol, "n={n} k={k} [{t},{r}]: {g} vs rounded {rounded} (tol {tol})");
+                } else {
+                    assert_eq!(got[t * m + r], exact[t * m + r]);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn decode_sized_products_stay_exact() {
+    // Below the threshold the Int8 mode gives bf16 weights the same f32 product bit for bit.
+    let pool = rayon::ThreadPoolBuilder::new().num_threads(2).build().expect("pool");
+    let (k, m) = (300, 70);
+    let wf = values(m * k, 5);
+    let w = ft_backend::dtype::from_f32_slice(&wf, DType::BF16);
+    for n in [1, 4, BF16_DOT_MIN_TOKENS - 1] {
+        let x = values(n * k, n as u64);
+        let mut a = vec![0f32; n * m];
+        let mut b = vec![0f32; n * m];
+        matmul(&pool, SimdLevel::Auto, QuantDot::Int8, &x, n, k, &w, DType::BF16, m, &mut a).expect("int8");
+        matmul(&pool, SimdLevel::Auto, QuantDot::Exact, &x, n, k, &w, DType::BF16, m, &mut b).expect("exact");
+        assert_eq!(a, b, "n={n}");
+    }
+}
+
+#[test]
+fn short_inputs_are_shape_errors() {
+    let pool = rayon::ThreadPoolBuilder::new().num_threads(2).build().expect("pool");
+    let (n, k, m) = (16, 64, 8);
+    let x = values(n * k, 1);
+    let w = ft_backend::dtype::from_f32_slice(&values(m * k, 2), DType::BF16);
+    let mut out = vec![0f32; n * m];
+    assert!(matmul(&pool, SimdLevel::Auto, QuantDot::Int8, &x[..n * k - 1], n, k, &w, DType::BF16, m, &mut out).is_err());
+    assert!(matmul(&pool, SimdLevel::Auto, QuantDot::Int8, &x, n, k, &w[..w.len() - 2], DType::BF16, m, &mut out).is_err());
+    assert!(matmul(&pool, SimdLevel::Auto, QuantDot::Int8, &x, n, k, &w, DType::BF16, m, &mut out[..n * m - 1]).is_err());
+}
