@@ -243,13 +243,13 @@ fn tied_embeddings_use_the_embedding_matrix() {
     assert!(max_abs_diff(&got, &want) <= 1e-4);
 }
 
-/// The engine's default `int8` products meet bf16 weights with `vdpbf16ps` from 12 tokens on
-/// (CPUs with AVX-512 BF16), rounding each activation by up to 2⁻⁹ of itself, as transformers
-/// does when it computes in bf16. The bound per prompt is how far transformers' own bf16
+/// The engine's default `int8` products meet bf16 weights with `vdpbf16ps` (CPUs with AVX-512
+/// BF16), rounding each activation by up to 2⁻⁹ of itself, as transformers does when it
+/// computes in bf16. The bound per prompt is how far transformers' own bf16
 /// compute (`logits_bf16compute`) lands from its f32 logits (0.10, 0.019, 0.24), and the greedy
 /// tokens must be the reference's.
 #[test]
-fn qwen3_moe_bf16_prefill_with_bf16_activations_keeps_the_reference() {
+fn qwen3_moe_bf16_with_bf16_activations_keeps_the_reference() {
     let name = "qwen3_moe_bf16";
     let model = load_path_int8(&fixture(name).join("checkpoint"));
     let r = reference_json(name);

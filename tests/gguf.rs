@@ -244,11 +244,14 @@ fn k_quants_match_their_dequantized_twins() {
     }
 }
 
-/// Greedy tokens through the engine's actor pipeline with `slots` expert cache slots.
+/// Greedy tokens through the engine's actor pipeline with `slots` expert cache slots and its
+/// default int8 activations.
 fn pipeline_tokens(model: &Path, slots: u64, mode: MoeMode, prompt: &[u32], n: usize) -> Vec<u32> {
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let mut config = pipeline_config(model.to_path_buf(), slots, mode);
+    config.quant_dot = ft_actor::engine::QuantDot::Int8;
     rt.block_on(async {
-        let engine = Engine::spawn(pipeline_config(model.to_path_buf(), slots, mode), None).await.unwrap_or_else(|e| panic!("{mode}: {e}"));
+        let engine = Engine::spawn(config, None).await.unwrap_or_else(|e| panic!("{mode}: {e}"));
         let mut req = EngineRequest::greedy(prompt.to_vec(), n);
         req.ignore_eos = true;
         let mut stream = engine.generate(req).await.unwrap();

@@ -88,7 +88,8 @@ fn quantized_fixtures_through_the_pipeline_in_every_mode() {
         for slots in [0, all / 2] {
             for mode in [MoeMode::Offload, MoeMode::Cpu, MoeMode::Hybrid] {
                 let what = format!("{name} {format:?} slots={slots} mode={mode}");
-                let config = pipeline_config(q.clone(), slots, mode);
+                let mut config = pipeline_config(q.clone(), slots, mode);
+                config.quant_dot = ft_actor::engine::QuantDot::Int8;
                 let got = rt.block_on(async {
                     let engine = Engine::spawn(config, None).await.unwrap_or_else(|e| panic!("{what}: {e}"));
                     let mut req = EngineRequest::greedy(prompt.clone(), 12);

@@ -60,7 +60,7 @@ pub struct ModelArgs {
     #[arg(long, env = "FT_CPU_THREADS")]
     pub cpu_threads: Option<usize>,
     /// CPU products with reduced-precision activations: int8 (activations rounded to int8 for
-    /// quantized weights and to bf16 for bf16 prefill, as llama.cpp; fast) or exact (f32).
+    /// quantized weights and to bf16 for bf16 weights, as llama.cpp; fast) or exact (f32).
     #[arg(long, default_value = "int8", env = "FT_QUANT_DOT")]
     pub quant_dot: crate::engine::QuantDot,
     /// Context length in tokens (default: the model's max_position_embeddings).

@@ -66,8 +66,9 @@ pub fn load(name: &str) -> Model {
 
 /// An engine on the CPU backend over `dir` with `slots` expert cache slots in `mode`, decode-path
 /// prefill, equal measured bandwidths (so the hybrid split sends half of the misses each way),
-/// and f32 KV caches, so that its logits compare with the reference at 1e-3 (tests/kv_dtype.rs
-/// checks the default bf16 caches).
+/// f32 activations and f32 KV caches, so that its logits compare with the f32 reference at 1e-3
+/// (tests/kv_dtype.rs checks the default f16 caches; tests/batching.rs, quantized.rs and
+/// gguf.rs the default reduced-precision activations).
 pub fn pipeline_config(dir: PathBuf, slots: u64, mode: ft_actor::policy::MoeMode) -> ft_actor::engine::EngineConfig {
     ft_actor::engine::EngineConfig {
         model: Some(dir),
@@ -80,6 +81,7 @@ pub fn pipeline_config(dir: PathBuf, slots: u64, mode: ft_actor::policy::MoeMode
         b_h: Some(1e9),
         cache_dir: Some(std::env::temp_dir().join("ft-actor-test-profiles")),
         kv_dtype: ft_backend::DType::F32,
+        quant_dot: ft_actor::engine::QuantDot::Exact,
         ..Default::default()
     }
 }

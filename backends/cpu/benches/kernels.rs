@@ -136,8 +136,8 @@ fn throughput(b: &CpuBackend, threads: Option<usize>, quant_dot: QuantDot) {
         "", "µs  GB/s  %bw", "µs  GB/s  %bw", "µs/exp GB/s %bw", "µs/exp GB/s %bw"
     );
     for dtype in dtypes() {
-        if quant_dot == QuantDot::Int8 && (!dtype.is_quantized() || dtype == DType::F8E4M3) {
-            continue; // no int8 kernel: the exact table's row
+        if quant_dot == QuantDot::Int8 && ((!dtype.is_quantized() && dtype != DType::BF16) || dtype == DType::F8E4M3) {
+            continue; // no reduced-precision kernel (bf16 has vdpbf16ps): the exact table's row
         }
         // gate/up: [768, 2048]; down: [2048, 768] (the same values, reshaped).
         let shapes = [(hidden, width), (hidden, width), (width, hidden)];

@@ -35,9 +35,9 @@ pub enum QuantDot {
     Exact,
     /// Activations quantized to int8 (one scale per 32 values) and multiplied in integers, as
     /// llama.cpp does: the 4-bit types run about twice as fast on AVX2; each product carries a
-    /// relative error of about 1e-3 of `Σ|x·w|`. bf16 weights meet bf16-rounded activations in
-    /// products of 12 tokens or more where the CPU has AVX-512 BF16 (`vdpbf16ps`, ≤ 2⁻⁹ of
-    /// each activation); FP8, f16, f32 and smaller bf16 products stay exact.
+    /// relative error of about 1e-3 of `Σ|x·w|`. bf16 weights meet bf16-rounded activations
+    /// where the CPU has AVX-512 BF16 (`vdpbf16ps`, ≤ 2⁻⁹ of each activation); FP8, f16 and
+    /// f32 stay exact.
     Int8,
 }
 

@@ -10,6 +10,7 @@
 //! Safety contract of every `pub(crate) unsafe fn` here: [`available`] returned true, and the
 //! pointers cover the ranges the arguments describe.
 
+use super::qdot::PF;
 use super::store;
 use std::arch::x86_64::*;
 
@@ -45,8 +46,8 @@ pub(crate) struct BfTile {
     pub os: usize,
     /// Add to `out` instead of overwriting it.
     pub accumulate: bool,
-    /// Bytes to pull towards the cache while this tile computes (the next rows' weights),
-    /// two lines per step: without it the first token tile of each row block waits on memory.
+    /// Bytes to pull towards the cache while this tile computes (the next rows' weights):
+    /// without it the first token tile of each row block waits on memory.
     pub pf: *const u8,
     /// Length of the `pf` range in bytes.
     pub pf_len: usize,
@@ -112,11 +113,13 @@ unsafe fn store4(v: &[__m512; 4], out: *mut f32, accumulate: bool) {
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
 unsafe fn step<const T: usize, const R: usize>(a: &BfTile, p: usize, m: __mmask32, acc: &mut [[__m512; R]; T]) {
-    // Step i prefetches lines 2i and 2i+1 of the range.
-    let line = p / 32 * 128;
-    if line < a.pf_len {
-        _mm_prefetch::<_MM_HINT_T0>(a.pf.wrapping_add(line) as *const i8);
-        _mm_prefetch::<_MM_HINT_T0>(a.pf.wrapping_add(line + 64) as *const i8);
+    // Step i prefetches lines R·i .. R·i + R of the range: as many as the step reads, so a
+    // lone token tile (decode) keeps pace with its own consumption one row block ahead.
+    let line = p / 32 * 64 * R;
+    for j in 0..R {
+        if line + j * 64 < a.pf_len {
+            _mm_prefetch::<_MM_HINT_T0>(a.pf.wrapping_add(line + j * 64) as *const i8);
+        }
     }
     let mut wv = [_mm512_setzero_si512(); R];
     for (r, v) in wv.iter_mut().enumerate() {
@@ -153,10 +156,34 @@ unsafe fn tile_tr<const T: usize, const R: usize>(a: BfTile) {
     }
 }
 
+/// One token, four rows read one after another (one sequential stream per thread, which the
+/// prefetchers follow best; see `avx512::tile_d`), prefetching [`PF`] bytes ahead. The sums are
+/// those of `tile_tr::<1, 4>`, step for step, so a token gets the same bits alone as in a batch.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
+unsafe fn gemv_seq4(a: BfTile) {
+    let mut acc = [_mm512_setzero_ps(); ROWS];
+    for (r, s) in acc.iter_mut().enumerate() {
+        let w = a.w.add(r * a.wsb);
+        let mut p = 0;
+        while p + 32 <= a.k {
+            _mm_prefetch::<_MM_HINT_T0>(w.wrapping_add(p * 2 + PF) as *const i8);
+            let xv = bh(_mm512_loadu_si512(a.x.add(p) as *const __m512i));
+            *s = _mm512_dpbf16_ps(*s, xv, bh(_mm512_loadu_si512(w.add(p * 2) as *const __m512i)));
+            p += 32;
+        }
+        if p < a.k {
+            let m = ((1u64 << (a.k - p)) - 1) as __mmask32;
+            let xv = bh(_mm512_maskz_loadu_epi16(m, a.x.add(p) as *const i16));
+            *s = _mm512_dpbf16_ps(*s, xv, bh(_mm512_maskz_loadu_epi16(m, w.add(p * 2) as *const i16)));
+        }
+    }
+    store4(&acc, a.out, a.accumulate);
+}
+
 /// Computes one `nt × nr` tile (`nt ≤ TOKENS`, `nr ∈ {1, ROWS}`).
 pub(crate) unsafe fn tile(nt: usize, nr: usize, a: BfTile) {
     match (nt, nr == ROWS) {
-        (1, true) => tile_tr::<1, ROWS>(a),
+        (1, true) => gemv_seq4(a),
         (2, true) => tile_tr::<2, ROWS>(a),
         (3, true) => tile_tr::<3, ROWS>(a),
         (4, true) => tile_tr::<4, ROWS>(a),
