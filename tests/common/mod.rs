@@ -185,8 +185,9 @@ pub fn gguf_convert(py: &Path, src: &Path, what: &str, kind: &str, extra: &[&str
 }
 
 /// With int8-quantized activations (the engine's default `quant_dot`), against the exact
-/// product: the prompt but its last token is prefilled (more than 4 tokens take the exact
-/// prefill path on both sides), then each decode step is one pass of int8 products. Its logits
+/// product: the prompt but its last token is prefilled (more than 4 tokens take bf16
+/// activations and bf16-rounded weights on CPUs with AVX-512 BF16, the exact path elsewhere),
+/// then each decode step is one pass of int8 products. Its logits
 /// must stay within [`INT8_TOL`] of their scale, and greedy tokens must be identical until a
 /// step where the exact model's two best logits are closer than twice the logit difference
 /// seen there (a near-tie the rounding may flip; the sequences part, so the comparison stops).
@@ -194,11 +195,13 @@ pub fn gguf_convert(py: &Path, src: &Path, what: &str, kind: &str, extra: &[&str
 /// The tolerance is loose because these tiny random-weight MoE models are chaotic: rounding
 /// the weights to Q8_0 alone moves their logits by 1.6e-2 to 1.2e-1 of their scale against the
 /// transformers reference (qwen3_moe, mixtral), and a small change can flip a router choice.
-/// Measured here: 1e-2 to 1.2e-1 of the scale per step, and 2.7e-1 once (deepseek_v3 Q4_0, a
-/// single int8 pass). A wrong scale or code moves logits by their whole scale and more; the precise checks are
-/// the kernel tests in `ft-backend-cpu` (exact on int8-representable activations, within the
-/// rounding bound otherwise).
-pub const INT8_TOL: f32 = 0.35;
+/// Measured here: 1e-2 to 1.2e-1 of the scale per step, 2.7e-1 once (deepseek_v3 Q4_0, a
+/// single int8 pass), 2.8e-1 for qwen3_5_moe NVFP4 p1 after an exact prefill and 3.9e-1 after
+/// a bf16 one (its gated-delta state carries the prefill's rounding into every step). A wrong
+/// scale or code moves logits by their whole scale and more; the precise checks are the kernel
+/// tests in `ft-backend-cpu` (exact on int8-representable activations, within the rounding
+/// bound otherwise, bf16 products within f32 accumulation of the rounded reference).
+pub const INT8_TOL: f32 = 0.5;
 
 pub fn assert_int8_model(what: &str, a: &Model, b: &Model, prompts: &[Vec<u32>]) {
     for (p, ids) in prompts.iter().enumerate() {

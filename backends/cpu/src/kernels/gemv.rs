@@ -95,21 +95,24 @@ pub fn matmul(
     let threads = pool.current_num_threads();
     let serial = threads <= 1 || work < PARALLEL_MIN_WORK || m < 2 * CHUNK_ROWS;
     if let Some(xb) = bf16_activations(level, dot, x, n, k, dtype)? {
-        let rb = need(k, 2, "bf16 row bytes")?;
+        let rb = dtype.row_bytes(k);
         let w = w.get(..need(m, rb, "weight bytes")?).ok_or_else(|| {
-            shape_err(format!("bf16 matmul of {m} rows × k={k}: weights hold {} bytes", w.len()))
+            shape_err(format!("{dtype} matmul of {m} rows × k={k}: weights hold {} bytes", w.len()))
         })?;
         if out.len() < need(n, m, "n·m")? {
             return Err(shape_err(format!("matmul output holds {}, need {n}×{m}", out.len())));
         }
-        if serial {
-            bf16_rows(&xb, n, k, w, 0..m, out);
-            return Ok(());
-        }
-        return split_rows(pool, n, m, out, |r, o| {
-            bf16_rows(&xb, n, k, w, r, o);
+        let run = |r: Range<usize>, o: &mut [f32]| -> Result<()> {
+            if dtype.is_quantized() {
+                return super::quant::block_bf16(level, &xb, n, k, &w[r.start * rb..], dtype, r.len(), o, r.len());
+            }
+            bf16_rows(&xb, n, k, w, r.clone(), o, r.len());
             Ok(())
-        });
+        };
+        if serial {
+            return run(0..m, out);
+        }
+        return split_rows(pool, n, m, out, run);
     }
     if dtype.is_quantized() {
         // Padding, sub-block sums and int8 codes are made once, not once per row chunk.
@@ -143,22 +146,26 @@ pub fn matmul(
     split_rows(pool, n, m, out, |r, o| matmul_rows(level, x, n, k, w, dtype, r, o))
 }
 
-/// `x` rounded to bf16 when this product runs on `vdpbf16ps` (bf16 weights, reduced-precision
-/// activations allowed by `dot`, a CPU with AVX-512 BF16); `None` otherwise.
+/// `x` rounded to bf16 when this product runs on `vdpbf16ps` (reduced-precision activations
+/// allowed by `dot`, a CPU with AVX-512 BF16, and bf16 weights or a prefill-sized product of
+/// integer block-quantized ones); `None` otherwise.
 ///
-/// Every token count takes it, decode too: prefill is compute-bound and gains 1.7× from it,
-/// decode streams the same bytes either way, and rounding each token's activations whatever
-/// else shares the product keeps a sequence's numbers the same alone and in a batch.
+/// bf16 weights take it at every token count, decode too: prefill is compute-bound and gains
+/// 1.7× from it, decode streams the same bytes either way, and rounding each token's
+/// activations whatever else shares the product keeps a sequence's numbers the same alone and
+/// in a batch. Quantized weights keep their int8 kernels up to 4 tokens; beyond, their rows are
+/// dequantized and rounded to bf16 (no coarser than the int8 activations the mode already
+/// accepts), where the f32 tiles ran at half the rate. FP8 stays exact, as the mode promises.
 fn bf16_activations(level: SimdLevel, dot: QuantDot, x: &[f32], n: usize, k: usize, dtype: DType) -> Result<Option<Vec<u16>>> {
     #[cfg(target_arch = "x86_64")]
     {
         use super::x86::dpbf16;
-        if dot == QuantDot::Int8 && dtype == DType::BF16 && level.effective() == SimdLevel::Avx512 && dpbf16::available() {
+        let quantized_prefill = dtype.is_quantized() && dtype != DType::F8E4M3 && n > super::x86::qdot::MAX_TOKENS;
+        if dot == QuantDot::Int8 && (dtype == DType::BF16 || quantized_prefill) && level.effective() == SimdLevel::Avx512 && dpbf16::available() {
             let len = need(n, k, "n·k")?;
             let x = x.get(..len).ok_or_else(|| shape_err(format!("matmul of {n} tokens × k={k}: x holds {} values", x.len())))?;
             let mut xb = vec![0u16; len];
-            // SAFETY: `available` checked the instruction set; both slices hold `len` values.
-            unsafe { dpbf16::round_row(x.as_ptr(), xb.as_mut_ptr(), len) };
+            round_bf16(x, &mut xb);
             return Ok(Some(xb));
         }
     }
@@ -166,15 +173,30 @@ fn bf16_activations(level: SimdLevel, dot: QuantDot, x: &[f32], n: usize, k: usi
     Ok(None)
 }
 
-/// `out[t, r - rows.start] = xb[t, :] · w[r, :]` with bf16 activations `xb` (`[n, k]`) and
-/// bf16 weight rows; `w` and `out` were checked to cover `rows` by the caller, and `xb` is only
-/// ever made by [`bf16_activations`], on a CPU that has the instructions.
-fn bf16_rows(xb: &[u16], n: usize, k: usize, w: &[u8], rows: Range<usize>, out: &mut [f32]) {
+/// `src` rounded to bf16 (nearest even) into `dst` (as long as `src`).
+pub(crate) fn round_bf16(src: &[f32], dst: &mut [u16]) {
+    let dst = &mut dst[..src.len()];
+    #[cfg(target_arch = "x86_64")]
+    if super::x86::dpbf16::available() {
+        // SAFETY: the instructions are there; both slices hold `src.len()` values.
+        unsafe { super::x86::dpbf16::round_row(src.as_ptr(), dst.as_mut_ptr(), src.len()) };
+        return;
+    }
+    for (d, v) in dst.iter_mut().zip(src) {
+        *d = half::bf16::from_f32(*v).to_bits();
+    }
+}
+
+/// `out[t*os + r - rows.start] = xb[t, :] · w[r, :]` with bf16 activations `xb` (`[n, k]`)
+/// and bf16 weight rows (`k` elements each, contiguous); `w` and `out` were checked to cover
+/// `rows` by the caller, and `xb` is only ever made by [`bf16_activations`], on a CPU that has
+/// the instructions.
+pub(crate) fn bf16_rows(xb: &[u16], n: usize, k: usize, w: &[u8], rows: Range<usize>, out: &mut [f32], os: usize) {
     #[cfg(target_arch = "x86_64")]
     {
         use super::x86::dpbf16::{tile, BfTile, ROWS, TOKENS};
         let nrows = rows.len();
-        assert!(xb.len() >= n * k && w.len() >= rows.end * k * 2 && out.len() >= n * nrows, "bf16 product extents");
+        assert!(xb.len() >= n * k && w.len() >= rows.end * k * 2 && out.len() >= (n - 1) * os + nrows, "bf16 product extents");
         let wp = w.as_ptr().wrapping_add(rows.start * k * 2);
         let tiles = n.div_ceil(TOKENS);
         let mut r = 0;
@@ -191,8 +213,8 @@ fn bf16_rows(xb: &[u16], n: usize, k: usize, w: &[u8], rows: Range<usize>, out: 
                     w: wp.wrapping_add(r * k * 2),
                     wsb: k * 2,
                     k,
-                    out: out.as_mut_ptr().wrapping_add(t0 * nrows + r),
-                    os: nrows,
+                    out: out.as_mut_ptr().wrapping_add(t0 * os + r),
+                    os,
                     accumulate: false,
                     pf: wp.wrapping_add((r + nr) * k * 2 + pf_start),
                     pf_len: share.min(next - pf_start),
@@ -205,7 +227,7 @@ fn bf16_rows(xb: &[u16], n: usize, k: usize, w: &[u8], rows: Range<usize>, out: 
         }
     }
     #[cfg(not(target_arch = "x86_64"))]
-    let _ = (xb, n, k, w, rows, out);
+    let _ = (xb, n, k, w, rows, out, os);
 }
 
 /// Runs `f(rows, out_rows)` over row chunks of an `[n, m]` product on `pool`; `out_rows` is

@@ -37,34 +37,85 @@ fn activations_round_to_nearest_even() {
     x[3] = f32::from_bits(0x3f80_8000); // tie, even below
     x[4] = f32::from_bits(0x3f81_8000); // tie, even above
     x[70] = f32::from_bits(0xbf80_8001);
-    let got = bf16_activations(SimdLevel::Auto, QuantDot::Int8, &x, n, k, DType::BF16).expect("round");
+    let got =
+        bf16_activations(SimdLevel::Auto, QuantDot::Int8, &x, n, k, DType::BF16).expect("round");
     if !has_dpbf16() {
         eprintln!("skipped: this CPU has no AVX-512 BF16, the bf16 activation path is not taken");
         assert!(got.is_none());
         return;
     }
     let got = got.expect("bf16 path on a CPU with AVX-512 BF16");
-    let want: Vec<u16> = x.iter().map(|&v| half::bf16::from_f32(v).to_bits()).collect();
+    let want: Vec<u16> = x
+        .iter()
+        .map(|&v| half::bf16::from_f32(v).to_bits())
+        .collect();
     assert_eq!(got, want);
     // Exact mode, other dtypes and other instruction sets never round.
-    assert!(bf16_activations(SimdLevel::Auto, QuantDot::Exact, &x, n, k, DType::BF16).expect("exact").is_none());
-    assert!(bf16_activations(SimdLevel::Auto, QuantDot::Int8, &x, n, k, DType::F16).expect("f16").is_none());
-    assert!(bf16_activations(SimdLevel::Avx2, QuantDot::Int8, &x, n, k, DType::BF16).expect("avx2").is_none());
+    assert!(
+        bf16_activations(SimdLevel::Auto, QuantDot::Exact, &x, n, k, DType::BF16)
+            .expect("exact")
+            .is_none()
+    );
+    assert!(
+        bf16_activations(SimdLevel::Auto, QuantDot::Int8, &x, n, k, DType::F16)
+            .expect("f16")
+            .is_none()
+    );
+    assert!(
+        bf16_activations(SimdLevel::Avx2, QuantDot::Int8, &x, n, k, DType::BF16)
+            .expect("avx2")
+            .is_none()
+    );
 }
 
 #[test]
 fn product_matches_rounded_reference() {
-    let pool = rayon::ThreadPoolBuilder::new().num_threads(2).build().expect("pool");
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(2)
+        .build()
+        .expect("pool");
     // Token counts around the tile (6); k with and without a 32 tail; row counts with a ragged
     // end and enough rows for the pool split.
-    for &(n, k, m) in &[(1, 2048, 130), (4, 300, 7), (12, 64, 5), (13, 37, 9), (19, 2053, 33), (31, 768, 130), (64, 96, 4)] {
+    for &(n, k, m) in &[
+        (1, 2048, 130),
+        (4, 300, 7),
+        (12, 64, 5),
+        (13, 37, 9),
+        (19, 2053, 33),
+        (31, 768, 130),
+        (64, 96, 4),
+    ] {
         let x = values(n * k, (n * k) as u64);
         let wf = values(m * k, (m + k) as u64);
         let w = ft_backend::dtype::from_f32_slice(&wf, DType::BF16);
         let mut got = vec![f32::NAN; n * m];
-        matmul(&pool, SimdLevel::Auto, QuantDot::Int8, &x, n, k, &w, DType::BF16, m, &mut got).expect("matmul");
+        matmul(
+            &pool,
+            SimdLevel::Auto,
+            QuantDot::Int8,
+            &x,
+            n,
+            k,
+            &w,
+            DType::BF16,
+            m,
+            &mut got,
+        )
+        .expect("matmul");
         let mut exact = vec![f32::NAN; n * m];
-        matmul(&pool, SimdLevel::Auto, QuantDot::Exact, &x, n, k, &w, DType::BF16, m, &mut exact).expect("exact");
+        matmul(
+            &pool,
+            SimdLevel::Auto,
+            QuantDot::Exact,
+            &x,
+            n,
+            k,
+            &w,
+            DType::BF16,
+            m,
+            &mut exact,
+        )
+        .expect("exact");
         for t in 0..n {
             for r in 0..m {
                 let (mut rounded, mut full, mut mag) = (0f64, 0f64, 0f64);
@@ -76,12 +127,18 @@ fn product_matches_rounded_reference() {
                 }
                 let g = got[t * m + r] as f64;
                 // bf16 activations: each element off by ≤ 2⁻⁹ of itself.
-                assert!((g - full).abs() <= mag / 512.0, "n={n} k={k} [{t},{r}]: {g} vs {full}");
+                assert!(
+                    (g - full).abs() <= mag / 512.0,
+                    "n={n} k={k} [{t},{r}]: {g} vs {full}"
+                );
                 if has_dpbf16() {
                     // The products of bf16 pairs are exact in f32; what remains is f32
                     // accumulation: one rounding per 32-element step and lane, 8 to reduce.
                     let tol = (k as f64 / 32.0 + 8.0) * mag * f64::from(f32::EPSILON);
-                    assert!((g - rounded).abs() <= tol, "n={n} k={k} [{t},{r}]: {g} vs rounded {rounded} (tol {tol})");
+                    assert!(
+                        (g - rounded).abs() <= tol,
+                        "n={n} k={k} [{t},{r}]: {g} vs rounded {rounded} (tol {tol})"
+                    );
                 } else {
                     assert_eq!(got[t * m + r], exact[t * m + r]);
                 }
@@ -100,17 +157,44 @@ fn a_token_gets_the_same_bits_whatever_shares_the_product() {
         eprintln!("skipped: this CPU has no AVX-512 BF16, the bf16 activation path is not taken");
         return;
     }
-    let pool = rayon::ThreadPoolBuilder::new().num_threads(2).build().expect("pool");
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(2)
+        .build()
+        .expect("pool");
     for (k, m) in [(300, 70), (2048, 130)] {
         let w = ft_backend::dtype::from_f32_slice(&values(m * k, 5), DType::BF16);
         let x = values(20 * k, 6);
         let mut alone = vec![0f32; 20 * m];
         for t in 0..20 {
-            matmul(&pool, SimdLevel::Auto, QuantDot::Int8, &x[t * k..][..k], 1, k, &w, DType::BF16, m, &mut alone[t * m..][..m]).expect("alone");
+            matmul(
+                &pool,
+                SimdLevel::Auto,
+                QuantDot::Int8,
+                &x[t * k..][..k],
+                1,
+                k,
+                &w,
+                DType::BF16,
+                m,
+                &mut alone[t * m..][..m],
+            )
+            .expect("alone");
         }
         for n in [2, 5, 12, 20] {
             let mut together = vec![0f32; n * m];
-            matmul(&pool, SimdLevel::Auto, QuantDot::Int8, &x[..n * k], n, k, &w, DType::BF16, m, &mut together).expect("together");
+            matmul(
+                &pool,
+                SimdLevel::Auto,
+                QuantDot::Int8,
+                &x[..n * k],
+                n,
+                k,
+                &w,
+                DType::BF16,
+                m,
+                &mut together,
+            )
+            .expect("together");
             assert_eq!(together, alone[..n * m], "k={k} n={n}");
         }
     }
@@ -118,12 +202,139 @@ fn a_token_gets_the_same_bits_whatever_shares_the_product() {
 
 #[test]
 fn short_inputs_are_shape_errors() {
-    let pool = rayon::ThreadPoolBuilder::new().num_threads(2).build().expect("pool");
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(2)
+        .build()
+        .expect("pool");
     let (n, k, m) = (16, 64, 8);
     let x = values(n * k, 1);
     let w = ft_backend::dtype::from_f32_slice(&values(m * k, 2), DType::BF16);
     let mut out = vec![0f32; n * m];
-    assert!(matmul(&pool, SimdLevel::Auto, QuantDot::Int8, &x[..n * k - 1], n, k, &w, DType::BF16, m, &mut out).is_err());
-    assert!(matmul(&pool, SimdLevel::Auto, QuantDot::Int8, &x, n, k, &w[..w.len() - 2], DType::BF16, m, &mut out).is_err());
-    assert!(matmul(&pool, SimdLevel::Auto, QuantDot::Int8, &x, n, k, &w, DType::BF16, m, &mut out[..n * m - 1]).is_err());
+    assert!(matmul(
+        &pool,
+        SimdLevel::Auto,
+        QuantDot::Int8,
+        &x[..n * k - 1],
+        n,
+        k,
+        &w,
+        DType::BF16,
+        m,
+        &mut out
+    )
+    .is_err());
+    assert!(matmul(
+        &pool,
+        SimdLevel::Auto,
+        QuantDot::Int8,
+        &x,
+        n,
+        k,
+        &w[..w.len() - 2],
+        DType::BF16,
+        m,
+        &mut out
+    )
+    .is_err());
+    assert!(matmul(
+        &pool,
+        SimdLevel::Auto,
+        QuantDot::Int8,
+        &x,
+        n,
+        k,
+        &w,
+        DType::BF16,
+        m,
+        &mut out[..n * m - 1]
+    )
+    .is_err());
+}
+
+#[test]
+fn quantized_prefill_matches_rounded_dequantized_reference() {
+    // Past 4 tokens the int8 mode gives integer block types dequantized rows rounded to bf16;
+    // up to 4 it keeps their int8 kernels, and FP8 always stays exact.
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(2)
+        .build()
+        .expect("pool");
+    for (k, m) in [(512, 40), (40, 9)] {
+        let wf = values(m * k, 11);
+        for dtype in DType::QUANTIZED {
+            let w = ft_backend::quant::quantize_matrix(dtype, &wf, m, k);
+            let rb = dtype.row_bytes(k);
+            let mut deq = vec![0f32; m * dtype.padded(k)];
+            for r in 0..m {
+                super::super::quant::decode_row(
+                    SimdLevel::Auto,
+                    &w[r * rb..][..rb],
+                    dtype,
+                    &mut deq[r * dtype.padded(k)..][..dtype.padded(k)],
+                );
+            }
+            for n in [5, 13] {
+                let x = values(n * k, n as u64 + 40);
+                let mut got = vec![f32::NAN; n * m];
+                matmul(
+                    &pool,
+                    SimdLevel::Auto,
+                    QuantDot::Int8,
+                    &x,
+                    n,
+                    k,
+                    &w,
+                    dtype,
+                    m,
+                    &mut got,
+                )
+                .expect("int8");
+                let mut exact = vec![f32::NAN; n * m];
+                matmul(
+                    &pool,
+                    SimdLevel::Auto,
+                    QuantDot::Exact,
+                    &x,
+                    n,
+                    k,
+                    &w,
+                    dtype,
+                    m,
+                    &mut exact,
+                )
+                .expect("exact");
+                let bf16_path = has_dpbf16() && dtype != DType::F8E4M3;
+                for t in 0..n {
+                    for r in 0..m {
+                        let row = &deq[r * dtype.padded(k)..][..k];
+                        let (mut rounded, mut full, mut mag) = (0f64, 0f64, 0f64);
+                        for p in 0..k {
+                            rounded += bf16(x[t * k + p]) * bf16(row[p]);
+                            full += x[t * k + p] as f64 * row[p] as f64;
+                            mag += (x[t * k + p] as f64 * row[p] as f64).abs();
+                        }
+                        let g = got[t * m + r] as f64;
+                        // Weights and activations each off by ≤ 2⁻⁹ of themselves.
+                        assert!(
+                            (g - full).abs() <= mag / 256.0,
+                            "{dtype} n={n} [{t},{r}]: {g} vs {full}"
+                        );
+                        if bf16_path {
+                            let tol = (k as f64 / 32.0 + 8.0) * mag * f64::from(f32::EPSILON);
+                            assert!(
+                                (g - rounded).abs() <= tol,
+                                "{dtype} n={n} [{t},{r}]: {g} vs rounded {rounded}"
+                            );
+                        } else {
+                            assert_eq!(
+                                got[t * m + r],
+                                exact[t * m + r],
+                                "{dtype} n={n}: the exact path"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
 }

@@ -4,7 +4,9 @@
 //! A chunk of rows is dequantized once into an f32 scratch that stays in L2, and the f32
 //! tiles of [`super::gemv`] then sweep every token over it. The decode follows
 //! [`ft_backend::quant`] exactly (same value tables, same scale products), so results equal
-//! the f32 product of the dequantized weights up to summation order.
+//! the f32 product of the dequantized weights up to summation order. In [`QuantDot::Int8`]
+//! mode, decode-sized products take the int8 kernels and prefill-sized ones the bf16 tiles
+//! ([`block_bf16`]).
 
 use super::{shape_err, SimdLevel};
 use ft_backend::{DType, Result};
@@ -120,6 +122,44 @@ pub(crate) fn block(
             &mut out[c0..],
             os,
         )?;
+    }
+    Ok(())
+}
+
+/// [`block`] for a prefill against bf16 activations `xb` (`[n, k]`, contiguous): each chunk of
+/// rows is dequantized, rounded to bf16 and multiplied with `vdpbf16ps`
+/// ([`super::gemv::bf16_rows`]). Only reached where `xb` could be made, on a CPU that has the
+/// instructions.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn block_bf16(
+    level: SimdLevel,
+    xb: &[u16],
+    n: usize,
+    k: usize,
+    w: &[u8],
+    dtype: DType,
+    nrows: usize,
+    out: &mut [f32],
+    os: usize,
+) -> Result<()> {
+    check_weights(k, w, dtype, nrows)?;
+    if xb.len() < n * k || out.len() < (n - 1) * os + nrows {
+        return Err(shape_err(format!(
+            "{dtype} matmul of {n} tokens × {nrows} rows × k={k}: x holds {}, out {}",
+            xb.len(),
+            out.len()
+        )));
+    }
+    let (rb, kp) = (dtype.row_bytes(k), dtype.padded(k));
+    let mut row = vec![0f32; kp];
+    let mut scratch = vec![0u16; CHUNK_ROWS.min(nrows) * k];
+    for c0 in (0..nrows).step_by(CHUNK_ROWS) {
+        let cr = CHUNK_ROWS.min(nrows - c0);
+        for r in 0..cr {
+            decode_row(level, &w[(c0 + r) * rb..][..rb], dtype, &mut row);
+            super::gemv::round_bf16(&row[..k], &mut scratch[r * k..][..k]);
+        }
+        super::gemv::bf16_rows(xb, n, k, bytemuck::cast_slice(&scratch[..cr * k]), 0..cr, &mut out[c0..], os);
     }
     Ok(())
 }
