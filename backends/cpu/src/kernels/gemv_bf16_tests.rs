@@ -28,6 +28,16 @@ fn has_dpbf16() -> bool {
     false
 }
 
+/// The product in the int8 mode and in the exact one.
+fn both_modes(pool: &ThreadPool, x: &[f32], n: usize, k: usize, w: &[u8], dtype: DType, m: usize) -> (Vec<f32>, Vec<f32>) {
+    let run = |dot| {
+        let mut out = vec![f32::NAN; n * m];
+        matmul(pool, SimdLevel::Auto, dot, x, n, k, w, dtype, m, &mut out).expect("matmul");
+        out
+    };
+    (run(QuantDot::Int8), run(QuantDot::Exact))
+}
+
 #[test]
 fn activations_round_to_nearest_even() {
     // Ties (the low 16 bits exactly 0x8000) go to the even neighbour; the tail is not a
@@ -88,34 +98,7 @@ fn product_matches_rounded_reference() {
         let x = values(n * k, (n * k) as u64);
         let wf = values(m * k, (m + k) as u64);
         let w = ft_backend::dtype::from_f32_slice(&wf, DType::BF16);
-        let mut got = vec![f32::NAN; n * m];
-        matmul(
-            &pool,
-            SimdLevel::Auto,
-            QuantDot::Int8,
-            &x,
-            n,
-            k,
-            &w,
-            DType::BF16,
-            m,
-            &mut got,
-        )
-        .expect("matmul");
-        let mut exact = vec![f32::NAN; n * m];
-        matmul(
-            &pool,
-            SimdLevel::Auto,
-            QuantDot::Exact,
-            &x,
-            n,
-            k,
-            &w,
-            DType::BF16,
-            m,
-            &mut exact,
-        )
-        .expect("exact");
+        let (got, exact) = both_modes(&pool, &x, n, k, &w, DType::BF16, m);
         for t in 0..n {
             for r in 0..m {
                 let (mut rounded, mut full, mut mag) = (0f64, 0f64, 0f64);
@@ -210,45 +193,13 @@ fn short_inputs_are_shape_errors() {
     let x = values(n * k, 1);
     let w = ft_backend::dtype::from_f32_slice(&values(m * k, 2), DType::BF16);
     let mut out = vec![0f32; n * m];
-    assert!(matmul(
-        &pool,
-        SimdLevel::Auto,
-        QuantDot::Int8,
-        &x[..n * k - 1],
-        n,
-        k,
-        &w,
-        DType::BF16,
-        m,
-        &mut out
-    )
-    .is_err());
-    assert!(matmul(
-        &pool,
-        SimdLevel::Auto,
-        QuantDot::Int8,
-        &x,
-        n,
-        k,
-        &w[..w.len() - 2],
-        DType::BF16,
-        m,
-        &mut out
-    )
-    .is_err());
-    assert!(matmul(
-        &pool,
-        SimdLevel::Auto,
-        QuantDot::Int8,
-        &x,
-        n,
-        k,
-        &w,
-        DType::BF16,
-        m,
-        &mut out[..n * m - 1]
-    )
-    .is_err());
+    let run = |x: &[f32], w: &[u8], out: &mut [f32]| {
+        matmul(&pool, SimdLevel::Auto, QuantDot::Int8, x, n, k, w, DType::BF16, m, out)
+    };
+    assert!(run(&x[..n * k - 1], &w, &mut out).is_err());
+    assert!(run(&x, &w[..w.len() - 2], &mut out).is_err());
+    assert!(run(&x, &w, &mut out[..n * m - 1]).is_err());
+    assert!(run(&x, &w, &mut out).is_ok());
 }
 
 #[test]
@@ -275,34 +226,7 @@ fn quantized_prefill_matches_rounded_dequantized_reference() {
             }
             for n in [5, 13] {
                 let x = values(n * k, n as u64 + 40);
-                let mut got = vec![f32::NAN; n * m];
-                matmul(
-                    &pool,
-                    SimdLevel::Auto,
-                    QuantDot::Int8,
-                    &x,
-                    n,
-                    k,
-                    &w,
-                    dtype,
-                    m,
-                    &mut got,
-                )
-                .expect("int8");
-                let mut exact = vec![f32::NAN; n * m];
-                matmul(
-                    &pool,
-                    SimdLevel::Auto,
-                    QuantDot::Exact,
-                    &x,
-                    n,
-                    k,
-                    &w,
-                    dtype,
-                    m,
-                    &mut exact,
-                )
-                .expect("exact");
+                let (got, exact) = both_modes(&pool, &x, n, k, &w, dtype, m);
                 let bf16_path = has_dpbf16() && dtype != DType::F8E4M3;
                 for t in 0..n {
                     for r in 0..m {
