@@ -161,7 +161,7 @@ fn bf16_activations(level: SimdLevel, dot: QuantDot, x: &[f32], n: usize, k: usi
     {
         use super::x86::dpbf16;
         let quantized_prefill = dtype.is_quantized() && dtype != DType::F8E4M3 && n > super::x86::qdot::MAX_TOKENS;
-        if dot == QuantDot::Int8 && (dtype == DType::BF16 || quantized_prefill) && level.effective() == SimdLevel::Avx512 && dpbf16::available() {
+        if n > 0 && dot == QuantDot::Int8 && (dtype == DType::BF16 || quantized_prefill) && level.effective() == SimdLevel::Avx512 && dpbf16::available() {
             let len = need(n, k, "n·k")?;
             let x = x.get(..len).ok_or_else(|| shape_err(format!("matmul of {n} tokens × k={k}: x holds {} values", x.len())))?;
             let mut xb = vec![0u16; len];
@@ -194,9 +194,12 @@ pub(crate) fn round_bf16(src: &[f32], dst: &mut [u16]) {
 pub(crate) fn bf16_rows(xb: &[u16], n: usize, k: usize, w: &[u8], rows: Range<usize>, out: &mut [f32], os: usize) {
     #[cfg(target_arch = "x86_64")]
     {
-        use super::x86::dpbf16::{tile, BfTile, ROWS, TOKENS};
+        use super::x86::dpbf16::{self, tile, BfTile, ROWS, TOKENS};
         let nrows = rows.len();
-        assert!(xb.len() >= n * k && w.len() >= rows.end * k * 2 && out.len() >= (n - 1) * os + nrows, "bf16 product extents");
+        // A violated contract panics here rather than running the intrinsics out of bounds or
+        // on a CPU without them.
+        assert!(dpbf16::available(), "bf16 products need AVX-512 BF16");
+        assert!(n > 0 && xb.len() >= n * k && w.len() >= rows.end * k * 2 && out.len() >= (n - 1) * os + nrows, "bf16 product extents");
         let wp = w.as_ptr().wrapping_add(rows.start * k * 2);
         let tiles = n.div_ceil(TOKENS);
         let mut r = 0;

@@ -143,7 +143,7 @@ pub(crate) fn block_bf16(
     os: usize,
 ) -> Result<()> {
     check_weights(k, w, dtype, nrows)?;
-    if xb.len() < n * k || out.len() < (n - 1) * os + nrows {
+    if n == 0 || xb.len() < n * k || out.len() < (n - 1) * os + nrows {
         return Err(shape_err(format!(
             "{dtype} matmul of {n} tokens × {nrows} rows × k={k}: x holds {}, out {}",
             xb.len(),

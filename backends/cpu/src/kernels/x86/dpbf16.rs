@@ -6,6 +6,8 @@
 //! widening step at all: the weights are used as they lie in the checkpoint, pairs of
 //! neighbouring elements in each 32-bit lane. The price is rounding the activations to bf16
 //! (relative error 2⁻⁹ per element), which is what llama.cpp does for bf16 weights too.
+//! Decode takes the same products (one row after another, [`gemv_seq4`]), so a token's numbers
+//! do not depend on what else shares its step.
 //!
 //! Safety contract of every `pub(crate) unsafe fn` here: [`available`] returned true, and the
 //! pointers cover the ranges the arguments describe.
