@@ -194,7 +194,8 @@ pub(crate) fn round_bf16(src: &[f32], dst: &mut [u16]) {
 pub(crate) fn bf16_rows(xb: &[u16], n: usize, k: usize, w: &[u8], rows: Range<usize>, out: &mut [f32], os: usize) {
     #[cfg(target_arch = "x86_64")]
     {
-        use super::x86::dpbf16::{self, tile, BfTile, ROWS, TOKENS};
+        use super::x86::dpbf16::{self, tile, Ahead, ROWS, TOKENS};
+        use super::x86::Tile;
         let nrows = rows.len();
         // A violated contract panics here rather than running the intrinsics out of bounds or
         // on a CPU without them.
@@ -210,7 +211,7 @@ pub(crate) fn bf16_rows(xb: &[u16], n: usize, k: usize, w: &[u8], rows: Range<us
             let share = next.div_ceil(tiles).next_multiple_of(64);
             for (j, t0) in (0..n).step_by(TOKENS).enumerate() {
                 let pf_start = (j * share).min(next);
-                let a = BfTile {
+                let a = Tile {
                     x: xb.as_ptr().wrapping_add(t0 * k),
                     xs: k,
                     w: wp.wrapping_add(r * k * 2),
@@ -219,12 +220,12 @@ pub(crate) fn bf16_rows(xb: &[u16], n: usize, k: usize, w: &[u8], rows: Range<us
                     out: out.as_mut_ptr().wrapping_add(t0 * os + r),
                     os,
                     accumulate: false,
-                    pf: wp.wrapping_add((r + nr) * k * 2 + pf_start),
-                    pf_len: share.min(next - pf_start),
+                    prefetch: false,
                 };
+                let ahead = Ahead { at: wp.wrapping_add((r + nr) * k * 2 + pf_start), len: share.min(next - pf_start) };
                 // SAFETY: the extents were asserted above and `xb` exists only where the
                 // instructions do.
-                unsafe { tile(TOKENS.min(n - t0), nr, a) };
+                unsafe { tile(TOKENS.min(n - t0), nr, a, ahead) };
             }
             r += nr;
         }

@@ -4,7 +4,7 @@
 //! AVX2, FMA and F16C (checked by `SimdLevel::effective`), and the pointers cover the ranges
 //! the arguments describe.
 
-use super::qdot::prefetch_offset;
+use super::qdot::{prefetch_offset, PF};
 use super::{esize, expc, store, Pv, Tile, BF16, F16, F32};
 use std::arch::x86_64::*;
 
@@ -65,44 +65,29 @@ unsafe fn store_tile<const T: usize, const R: usize>(acc: &[[__m512; R]; T], a: 
     }
 }
 
-/// GEMV tile (one token, `R` rows): two accumulators per row so each iteration consumes a
-/// whole cache line of bf16/f16 per row and the FMA chains overlap.
+/// GEMV of one row (one token): two accumulators so each iteration consumes a whole cache
+/// line of bf16/f16 and the FMA chains overlap; prefetching [`PF`] bytes ahead runs on into
+/// the next row, which is the one read next.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
-unsafe fn gemv_tr<const R: usize, const D: u8>(a: Tile) {
+unsafe fn gemv_row<const D: u8>(a: Tile) {
     let es = esize(D);
-    let mut acc0 = [_mm512_setzero_ps(); R];
-    let mut acc1 = [_mm512_setzero_ps(); R];
+    let (mut acc0, mut acc1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
     let mut p = 0;
     while p + 32 <= a.k {
-        let x0 = _mm512_loadu_ps(a.x.add(p));
-        let x1 = _mm512_loadu_ps(a.x.add(p + 16));
-        for r in 0..R {
-            let wp = a.w.add(r * a.wsb + p * es);
-            if a.prefetch {
-                _mm_prefetch::<_MM_HINT_T0>(wp.wrapping_add(prefetch_offset::<R>(a.wsb, p * es)) as *const i8);
-            }
-            acc0[r] = _mm512_fmadd_ps(x0, load::<D>(wp), acc0[r]);
-            acc1[r] = _mm512_fmadd_ps(x1, load::<D>(wp.add(16 * es)), acc1[r]);
+        let wp = a.w.add(p * es);
+        if a.prefetch {
+            _mm_prefetch::<_MM_HINT_T0>(wp.wrapping_add(PF) as *const i8);
         }
+        acc0 = _mm512_fmadd_ps(_mm512_loadu_ps(a.x.add(p)), load::<D>(wp), acc0);
+        acc1 = _mm512_fmadd_ps(_mm512_loadu_ps(a.x.add(p + 16)), load::<D>(wp.add(16 * es)), acc1);
         p += 32;
     }
     while p < a.k {
-        let m = if a.k - p >= 16 {
-            0xffff
-        } else {
-            tail_mask(a.k - p)
-        };
-        let x0 = _mm512_maskz_loadu_ps(m, a.x.add(p));
-        for (r, s) in acc0.iter_mut().enumerate() {
-            *s = _mm512_fmadd_ps(x0, load_masked::<D>(m, a.w.add(r * a.wsb + p * es)), *s);
-        }
+        let m = if a.k - p >= 16 { 0xffff } else { tail_mask(a.k - p) };
+        acc0 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a.x.add(p)), load_masked::<D>(m, a.w.add(p * es)), acc0);
         p += 16;
     }
-    let mut acc = [[_mm512_setzero_ps(); R]; 1];
-    for r in 0..R {
-        acc[0][r] = _mm512_add_ps(acc0[r], acc1[r]);
-    }
-    store_tile::<1, R>(&acc, &a);
+    store_tile::<1, 1>(&[[_mm512_add_ps(acc0, acc1)]], &a);
 }
 
 /// `T` tokens × `R` rows: each weight vector is loaded (and widened) once for all tokens.
@@ -152,7 +137,7 @@ unsafe fn tile_d<const D: u8>(nt: usize, nr: usize, a: Tile) {
         // either way.
         (1, true) => {
             for r in 0..ROWS {
-                gemv_tr::<1, D>(Tile { w: a.w.add(r * a.wsb), out: a.out.add(r), ..a })
+                gemv_row::<D>(Tile { w: a.w.add(r * a.wsb), out: a.out.add(r), ..a })
             }
         }
         (2, true) => tile_tr::<2, ROWS, D>(a),
@@ -160,7 +145,7 @@ unsafe fn tile_d<const D: u8>(nt: usize, nr: usize, a: Tile) {
         (4, true) => tile_tr::<4, ROWS, D>(a),
         (5, true) => tile_tr::<5, ROWS, D>(a),
         (6, true) => tile_tr::<6, ROWS, D>(a),
-        (1, false) => gemv_tr::<1, D>(a),
+        (1, false) => gemv_row::<D>(a),
         (2, false) => tile_tr::<2, 1, D>(a),
         (3, false) => tile_tr::<3, 1, D>(a),
         (4, false) => tile_tr::<4, 1, D>(a),

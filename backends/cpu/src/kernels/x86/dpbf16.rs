@@ -13,7 +13,7 @@
 //! pointers cover the ranges the arguments describe.
 
 use super::qdot::PF;
-use super::store;
+use super::{store, Tile};
 use std::arch::x86_64::*;
 
 /// Token rows per tile: 6 × 4 = 24 accumulators, 4 weight vectors and one activation vector.
@@ -29,30 +29,14 @@ pub(crate) fn available() -> bool {
         && is_x86_feature_detected!("avx512bf16")
 }
 
-/// One tile: `out[t*os + r] (+)= Σ_p x[t*xs + p] · w_row(r)[p]` for `t < nt`, `r < nr`.
+/// Bytes to pull towards the cache while a tile computes (the next rows' weights): without
+/// it the first token tile of each row block waits on memory.
 #[derive(Clone, Copy)]
-pub(crate) struct BfTile {
-    /// First activation row, bf16 bits.
-    pub x: *const u16,
-    /// Elements between activation rows.
-    pub xs: usize,
-    /// First weight row, bf16 bytes at any alignment.
-    pub w: *const u8,
-    /// Bytes between weight rows.
-    pub wsb: usize,
-    /// Dot product length.
-    pub k: usize,
-    /// Where the results go.
-    pub out: *mut f32,
-    /// Elements between output rows.
-    pub os: usize,
-    /// Add to `out` instead of overwriting it.
-    pub accumulate: bool,
-    /// Bytes to pull towards the cache while this tile computes (the next rows' weights):
-    /// without it the first token tile of each row block waits on memory.
-    pub pf: *const u8,
-    /// Length of the `pf` range in bytes.
-    pub pf_len: usize,
+pub(crate) struct Ahead {
+    /// Start of the range.
+    pub at: *const u8,
+    /// Its length in bytes.
+    pub len: usize,
 }
 
 #[inline]
@@ -114,13 +98,13 @@ unsafe fn store4(v: &[__m512; 4], out: *mut f32, accumulate: bool) {
 /// One 32-element step of [`tile_tr`], lanes outside `m` zero.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
-unsafe fn step<const T: usize, const R: usize>(a: &BfTile, p: usize, m: __mmask32, acc: &mut [[__m512; R]; T]) {
+unsafe fn step<const T: usize, const R: usize>(a: &Tile<u16>, ahead: Ahead, p: usize, m: __mmask32, acc: &mut [[__m512; R]; T]) {
     // Step i prefetches lines R·i .. R·i + R of the range: as many as the step reads, so a
     // lone token tile (decode) keeps pace with its own consumption one row block ahead.
     let line = p / 32 * 64 * R;
     for j in 0..R {
-        if line + j * 64 < a.pf_len {
-            _mm_prefetch::<_MM_HINT_T0>(a.pf.wrapping_add(line + j * 64) as *const i8);
+        if line + j * 64 < ahead.len {
+            _mm_prefetch::<_MM_HINT_T0>(ahead.at.wrapping_add(line + j * 64) as *const i8);
         }
     }
     let mut wv = [_mm512_setzero_si512(); R];
@@ -137,15 +121,15 @@ unsafe fn step<const T: usize, const R: usize>(a: &BfTile, p: usize, m: __mmask3
 
 /// `T` tokens × `R` rows, 32 elements per step; the tail is loaded masked (zero lanes add 0).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
-unsafe fn tile_tr<const T: usize, const R: usize>(a: BfTile) {
+unsafe fn tile_tr<const T: usize, const R: usize>(a: Tile<u16>, ahead: Ahead) {
     let mut acc = [[_mm512_setzero_ps(); R]; T];
     let mut p = 0;
     while p + 32 <= a.k {
-        step::<T, R>(&a, p, !0, &mut acc);
+        step::<T, R>(&a, ahead, p, !0, &mut acc);
         p += 32;
     }
     if p < a.k {
-        step::<T, R>(&a, p, ((1u64 << (a.k - p)) - 1) as __mmask32, &mut acc);
+        step::<T, R>(&a, ahead, p, ((1u64 << (a.k - p)) - 1) as __mmask32, &mut acc);
     }
     for (t, row) in acc.iter().enumerate() {
         if R == 4 {
@@ -162,7 +146,7 @@ unsafe fn tile_tr<const T: usize, const R: usize>(a: BfTile) {
 /// prefetchers follow best; see `avx512::tile_d`), prefetching [`PF`] bytes ahead. The sums are
 /// those of `tile_tr::<1, 4>`, step for step, so a token gets the same bits alone as in a batch.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
-unsafe fn gemv_seq4(a: BfTile) {
+unsafe fn gemv_seq4(a: Tile<u16>) {
     let mut acc = [_mm512_setzero_ps(); ROWS];
     for (r, s) in acc.iter_mut().enumerate() {
         let w = a.w.add(r * a.wsb);
@@ -183,20 +167,20 @@ unsafe fn gemv_seq4(a: BfTile) {
 }
 
 /// Computes one `nt × nr` tile (`nt ≤ TOKENS`, `nr ∈ {1, ROWS}`).
-pub(crate) unsafe fn tile(nt: usize, nr: usize, a: BfTile) {
+pub(crate) unsafe fn tile(nt: usize, nr: usize, a: Tile<u16>, ahead: Ahead) {
     match (nt, nr == ROWS) {
         (1, true) => gemv_seq4(a),
-        (2, true) => tile_tr::<2, ROWS>(a),
-        (3, true) => tile_tr::<3, ROWS>(a),
-        (4, true) => tile_tr::<4, ROWS>(a),
-        (5, true) => tile_tr::<5, ROWS>(a),
-        (6, true) => tile_tr::<6, ROWS>(a),
-        (1, false) => tile_tr::<1, 1>(a),
-        (2, false) => tile_tr::<2, 1>(a),
-        (3, false) => tile_tr::<3, 1>(a),
-        (4, false) => tile_tr::<4, 1>(a),
-        (5, false) => tile_tr::<5, 1>(a),
-        (6, false) => tile_tr::<6, 1>(a),
+        (2, true) => tile_tr::<2, ROWS>(a, ahead),
+        (3, true) => tile_tr::<3, ROWS>(a, ahead),
+        (4, true) => tile_tr::<4, ROWS>(a, ahead),
+        (5, true) => tile_tr::<5, ROWS>(a, ahead),
+        (6, true) => tile_tr::<6, ROWS>(a, ahead),
+        (1, false) => tile_tr::<1, 1>(a, ahead),
+        (2, false) => tile_tr::<2, 1>(a, ahead),
+        (3, false) => tile_tr::<3, 1>(a, ahead),
+        (4, false) => tile_tr::<4, 1>(a, ahead),
+        (5, false) => tile_tr::<5, 1>(a, ahead),
+        (6, false) => tile_tr::<6, 1>(a, ahead),
         _ => unreachable!("tile shape {nt}x{nr} is never requested"),
     }
 }

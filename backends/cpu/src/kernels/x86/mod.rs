@@ -73,11 +73,12 @@ pub(crate) const fn esize(d: u8) -> usize {
 }
 
 /// One tile of dot products: `out[t*os + r] (+)= Σ_p x[t*xs + p] · w[r*wsb/esize + p]`
-/// for `t < nt`, `r < nr`, `p < k`.
+/// for `t < nt`, `r < nr`, `p < k`. Activations are f32, or bf16 bits (`u16`) for the
+/// `vdpbf16ps` tiles.
 #[derive(Clone, Copy)]
-pub(crate) struct Tile {
+pub(crate) struct Tile<X = f32> {
     /// First activation row.
-    pub x: *const f32,
+    pub x: *const X,
     /// Elements between activation rows.
     pub xs: usize,
     /// First weight row (any alignment).
