@@ -143,6 +143,10 @@ pub struct DeviceArgs {
     pub kv_pool: u64,
     /// What the per-token caches hold.
     pub kv_dtype: ft_backend::DType,
+    /// The worker pool a step runs inside when the backend computes on it (the CPU backend):
+    /// then the glue between products runs on a worker too, and the pool's threads hand work
+    /// to each other instead of waking this thread and being woken by it once per product.
+    pub host_pool: Option<Arc<rayon::ThreadPool>>,
 }
 
 /// The device stream actor.
@@ -332,18 +336,26 @@ impl Worker {
         d
     }
 
+    /// Runs `f` on a worker of the host pool when the backend computes there, else here.
+    fn on_pool<R: Send>(&mut self, f: impl FnOnce(&mut Self) -> R + Send) -> R {
+        match self.args.host_pool.clone() {
+            Some(pool) => pool.install(|| f(self)),
+            None => f(self),
+        }
+    }
+
     fn run(mut self, jobs: mpsc::Receiver<DeviceMsg>) {
         while let Ok(msg) = jobs.recv() {
             match msg {
                 DeviceMsg::StepBatch { seqs, reply } => {
-                    let _ = reply.send(self.step_batch(seqs));
+                    let _ = reply.send(self.on_pool(|w| w.step_batch(seqs)));
                 }
                 DeviceMsg::FullLogits { prompt, reply } => {
-                    let r = (|| {
-                        let mut state = SequenceState::new(&self.args.model, prompt.len())?;
+                    let r = self.on_pool(|w| {
+                        let mut state = SequenceState::new(&w.args.model, prompt.len())?;
                         let mut items = [BatchItem { state: &mut state, tokens: &prompt, logits: Logits::All }];
-                        Ok(self.forward_items(&mut items)?.pop().unwrap_or_default())
-                    })();
+                        Ok(w.forward_items(&mut items)?.pop().unwrap_or_default())
+                    });
                     let _ = reply.send(r);
                 }
                 DeviceMsg::DropSeq { seq } => {

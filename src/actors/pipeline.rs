@@ -91,7 +91,7 @@ impl InFlight<'_> {
 impl Drop for InFlight<'_> {
     fn drop(&mut self) {
         for (e, lease, rx) in self.pending.drain(..) {
-            if !matches!(rx.blocking_recv(), Ok(Ok(_))) {
+            if !matches!(blocking_reply(rx, "transfer engine"), Ok(Ok(_))) {
                 self.failed.push(ExpertKey::new(self.layer, e));
             }
             drop(lease);
@@ -302,7 +302,7 @@ impl Drop for StreamingExperts<'_> {
     fn drop(&mut self) {
         // A copy still in flight must finish before its buffer is reused by the next prompt.
         if let Some((_, _, rx)) = self.pending.take() {
-            let _ = rx.blocking_recv();
+            let _ = blocking_reply(rx, "transfer engine");
         }
     }
 }
