@@ -451,9 +451,8 @@ unsafe fn k4_pair<D: Dot, const N: usize>(
     for t in 0..N {
         let pl = cvt(D::dot_u(lo, lda(q[t], 64 * c)));
         let ph = cvt(D::dot_u(hi, lda(q[t], 64 * c + 32)));
-        let x = _mm256_mul_ps(pl, _mm256_set1_ps(s[t][2 * c]));
-        let x = _mm256_fmadd_ps(ph, _mm256_set1_ps(s[t][2 * c + 1]), x);
-        acc[t][c & 1] = _mm256_add_ps(acc[t][c & 1], x);
+        acc[t][0] = _mm256_fmadd_ps(pl, _mm256_set1_ps(s[t][2 * c]), acc[t][0]);
+        acc[t][1] = _mm256_fmadd_ps(ph, _mm256_set1_ps(s[t][2 * c + 1]), acc[t][1]);
     }
 }
 
