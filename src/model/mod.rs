@@ -3,6 +3,7 @@
 pub mod arch;
 pub mod config;
 pub mod embedding;
+pub mod hot;
 pub mod fallback;
 pub mod fault;
 pub mod batch;

@@ -37,7 +37,7 @@ fn within_budget(advised: u64, len: u64, available: u64) -> bool {
 }
 
 /// `MemAvailable` from `/proc/meminfo`, in bytes (`None` elsewhere).
-fn mem_available() -> Option<u64> {
+pub(crate) fn mem_available() -> Option<u64> {
     let text = std::fs::read_to_string("/proc/meminfo").ok()?;
     let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
     let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;

@@ -272,12 +272,15 @@ impl Loader<'_> {
     /// has no matmul kernel for the dtype.
     pub fn matrix(&mut self, name: &str, rows: usize, cols: usize) -> Result<(DeviceBuffer, Option<Arc<dyn Backend>>), ModelError> {
         let m = self.packed(name, rows, cols)?;
+        // The CPU reads it on every token: from huge pages rather than the file's mapping.
+        let hot = |bytes: HostBytes| super::hot::copy(&bytes).unwrap_or(bytes);
         if self.backend.supports(ft_backend::Op::Matmul, m.dtype) {
-            return Ok((self.backend.import_host(m.bytes, m.dtype, BufferUsage::Weights)?, None));
+            let bytes = if self.backend.kind() == ft_backend::BackendKind::Cpu { hot(m.bytes) } else { m.bytes };
+            return Ok((self.backend.import_host(bytes, m.dtype, BufferUsage::Weights)?, None));
         }
         let cpu = self.host_cpu.get()?;
         tracing::debug!("`{name}` is {} and the {} backend has no kernel for it: its products run on the CPU", m.dtype, self.backend.kind());
-        Ok((cpu.import_host(m.bytes, m.dtype, BufferUsage::Weights)?, Some(cpu)))
+        Ok((cpu.import_host(hot(m.bytes), m.dtype, BufferUsage::Weights)?, Some(cpu)))
     }
 
     /// The token embedding table, a block-quantized one left packed on the host
