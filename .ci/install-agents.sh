@@ -1,12 +1,16 @@
 #!/usr/bin/env bash
 # The real coding-agent CLIs that tests/agent_clis.rs runs against `ft-actor serve`, at pinned
-# versions (the one place they are named), installed from npm into target/agents.
+# versions (the one place they are named; the newest on npm when last bumped), installed from
+# npm into target/agents. FT_AGENTS_LATEST=1 installs each one's newest release instead, to try
+# a new version before pinning it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 AGENTS=(
-  "@anthropic-ai/claude-code@2.1.197"
+  "@anthropic-ai/claude-code@2.1.332"
   "@openai/codex@0.171.0"
+  "opencode-ai@1.18.33"
+  "@qwen-code/qwen-code@0.24.4"
 )
 
 if ! command -v npm >/dev/null 2>&1; then
@@ -17,8 +21,13 @@ if ! command -v npm >/dev/null 2>&1; then
     exit 1
   fi
 fi
+if [ "${FT_AGENTS_LATEST:-0}" = 1 ]; then
+  latest=()
+  for a in "${AGENTS[@]}"; do latest+=("${a%@*}@latest"); done
+  AGENTS=("${latest[@]}")
+fi
 mkdir -p target/agents
 npm install --no-audit --no-fund --loglevel=error --prefix target/agents "${AGENTS[@]}" >/dev/null
-for b in claude codex; do
+for b in claude codex opencode qwen; do
   echo "install-agents: $b $(target/agents/node_modules/.bin/$b --version 2>&1 | head -1)"
 done

@@ -122,6 +122,11 @@ pub fn plan(agent: Agent, t: &Target, program: Option<&str>, extra_args: &[Strin
             // The attribution header changes per request and would defeat prompt reuse.
             s("CLAUDE_CODE_ATTRIBUTION_HEADER", "0");
             s("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1");
+            // A model it does not know is assumed to hold 1M tokens: compaction would come
+            // only after the server had refused the prompt as too long.
+            if let Some(ctx) = t.context {
+                s("CLAUDE_CODE_MAX_CONTEXT_TOKENS", &ctx.to_string());
+            }
         }
         Agent::Codex => {
             s(CODEX_KEY_VAR, &key);
@@ -298,6 +303,7 @@ mod tests {
         assert_eq!(get("ANTHROPIC_BASE_URL"), Some("http://127.0.0.1:8080"));
         assert_eq!(get("ANTHROPIC_DEFAULT_HAIKU_MODEL"), Some("Qwen3-30B-A3B"));
         assert_eq!(get("CLAUDE_CODE_ATTRIBUTION_HEADER"), Some("0"));
+        assert_eq!(get("CLAUDE_CODE_MAX_CONTEXT_TOKENS"), Some("32768"));
     }
 
     #[test]

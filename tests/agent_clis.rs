@@ -28,10 +28,11 @@ fn bin_dir() -> PathBuf {
 }
 
 /// `serve` on the demo model with a context that holds Claude Code's first request (~42k
-/// tokens of system prompt and tools) and replies capped at 16 tokens.
+/// tokens of system prompt and tools) and every reply capped at 16 tokens by the server, as
+/// agents ask for thousands (OpenCode has no setting for it).
 fn serve() -> (Kill, String) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_ft-actor"))
-        .args(["serve", "--port", "0", "--backend", "cpu", "--cpu-threads", "2", "--ctx-size", "65536", "--default-max-tokens", "16"])
+        .args(["serve", "--port", "0", "--backend", "cpu", "--cpu-threads", "2", "--ctx-size", "65536", "--max-tokens-limit", "16"])
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
@@ -67,9 +68,11 @@ fn real_agent_clis_complete_a_turn() {
     let require = std::env::var("FT_REQUIRE_AGENT_CLIS").as_deref() == Ok("1");
     // (launch name, program, its arguments for one non-interactive turn, the API route it uses,
     // what it prints when it stops at the output cap)
-    let agents: [(&str, &str, &[&str], &str, &str); 2] = [
+    let agents: [(&str, &str, &[&str], &str, &str); 4] = [
         ("claude", "claude", &["-p", "say hi"], "/v1/messages", "output token maximum"),
         ("codex", "codex", &["exec", "--skip-git-repo-check", "say hi"], "/v1/responses", "max_output_tokens"),
+        ("opencode", "opencode", &["run", "say hi"], "/v1/chat/completions", "length"),
+        ("qwen-code", "qwen", &["-p", "say hi"], "/v1/chat/completions", "length"),
     ];
     let missing: Vec<&str> = agents.iter().filter(|a| !dir.join(a.1).is_file()).map(|a| a.1).collect();
     if !missing.is_empty() {

@@ -16,6 +16,8 @@ struct Fixture {
     rt: tokio::runtime::Runtime,
     open: AppState,
     keyed: AppState,
+    /// `max_tokens_limit` 4.
+    capped: AppState,
 }
 
 /// One engine for the whole file (model loading is the slow part), two server states on it.
@@ -23,15 +25,16 @@ fn fixture() -> &'static Fixture {
     static F: OnceLock<Fixture> = OnceLock::new();
     F.get_or_init(|| {
         let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
-        let (open, keyed) = rt.block_on(async {
+        let (open, keyed, capped) = rt.block_on(async {
             let engine = ft_actor::engine::Engine::spawn(test_engine_config(), None).await.expect("engine");
             let small = ServerSettings { max_body_bytes: 64 * 1024, ..ServerSettings::default() };
             let open = AppState::new(engine.clone(), small).expect("state");
-            let keyed = AppState::new(engine, ServerSettings { api_key: Some("s3cret".into()), ..ServerSettings::default() })
+            let keyed = AppState::new(engine.clone(), ServerSettings { api_key: Some("s3cret".into()), ..ServerSettings::default() })
                 .expect("state");
-            (open, keyed)
+            let capped = AppState::new(engine, ServerSettings { max_tokens_limit: Some(4), ..ServerSettings::default() }).expect("state");
+            (open, keyed, capped)
         });
-        Fixture { rt, open, keyed }
+        Fixture { rt, open, keyed, capped }
     })
 }
 
@@ -59,8 +62,10 @@ fn call_with(state: &AppState, method: &str, path: &str, headers: &[(&str, &str)
     })
 }
 
+const JSON: &[(&str, &str)] = &[("content-type", "application/json")];
+
 fn post(path: &str, body: &Value) -> Out {
-    call_with(&fixture().open, "POST", path, &[("content-type", "application/json")], body.to_string().into_bytes())
+    call_with(&fixture().open, "POST", path, JSON, body.to_string().into_bytes())
 }
 
 fn post_raw(path: &str, body: &[u8]) -> Out {
@@ -439,6 +444,28 @@ fn forced_tool_calls_and_json_schemas_are_obeyed_by_a_random_model() {
     bad["messages"] = json!([{"role": "user", "content": "x"}]);
     openai_error(&post("/v1/chat/completions", &bad), 400, Some("response_format"));
     openai_error(&post("/v1/chat/completions", &chat(json!({"response_format": {"type": "yaml"}}))), 400, Some("response_format.type"));
+}
+
+/// An operator's `max_tokens_limit` clamps what a client asks for (agents ask for tens of
+/// thousands) and the reply stops with each API's length reason.
+#[test]
+fn the_servers_token_limit_clamps_every_request() {
+    let capped = &fixture().capped;
+    let mut c = chat(json!({"max_tokens": 50, "ignore_eos": true}));
+    c["messages"] = json!([{"role": "user", "content": "hi"}]);
+    let o = call_with(capped, "POST", "/v1/chat/completions", JSON, c.to_string().into_bytes());
+    assert_eq!(o.status, StatusCode::OK, "{}", o.text);
+    assert_eq!(o.body["usage"]["completion_tokens"], 4);
+    assert_eq!(o.body["choices"][0]["finish_reason"], "length");
+    // The Messages API has no `ignore_eos`: the model may end its turn first.
+    let o = call_with(capped, "POST", "/v1/messages", JSON, message(json!({"max_tokens": 50})).to_string().into_bytes());
+    assert_eq!(o.status, StatusCode::OK, "{}", o.text);
+    let n = o.body["usage"]["output_tokens"].as_u64().expect("output_tokens");
+    assert!(n <= 4, "{}", o.text);
+    assert_eq!(o.body["stop_reason"] == "max_tokens", n == 4, "{}", o.text);
+    // Without the limit the same request runs to what it asked.
+    let o = post("/v1/chat/completions", &chat(json!({"max_tokens": 6, "ignore_eos": true, "messages": [{"role": "user", "content": "hi"}]})));
+    assert_eq!(o.body["usage"]["completion_tokens"], 6, "{}", o.text);
 }
 
 #[test]

@@ -125,6 +125,10 @@ pub struct ConfigArgs {
     #[arg(long, value_name = "N")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub default_max_tokens: Option<usize>,
+    /// Most new tokens any request generates, however many it asks for.
+    #[arg(long, value_name = "N")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_tokens_limit: Option<usize>,
     /// Reasoning split: auto, think or none.
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]

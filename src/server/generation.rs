@@ -159,7 +159,9 @@ impl Run {
             })?),
         };
         let room = context - p.prompt.len();
-        let max_tokens = p.max_tokens.or(state.settings.default_max_tokens).unwrap_or(room).min(room);
+        // The operator's limit clamps whatever a client asks (agents ask for tens of thousands).
+        let limit = state.settings.max_tokens_limit.unwrap_or(room);
+        let max_tokens = p.max_tokens.or(state.settings.default_max_tokens).unwrap_or(room).min(room).min(limit);
         let req = EngineRequest {
             prompt: p.prompt,
             max_tokens,

@@ -54,6 +54,9 @@ pub struct ServerSettings {
     pub max_body_bytes: u64,
     /// New tokens when a request gives no limit (default: the rest of the context).
     pub default_max_tokens: Option<usize>,
+    /// Most new tokens any request generates, whatever it asks (it stops with the length
+    /// reason); none when unset.
+    pub max_tokens_limit: Option<usize>,
     /// Reasoning split.
     pub reasoning_parser: ReasoningParser,
     /// Tool-call recognition.
@@ -79,6 +82,7 @@ impl Default for ServerSettings {
             api_key: None,
             max_body_bytes: 32 << 20,
             default_max_tokens: None,
+            max_tokens_limit: None,
             reasoning_parser: ReasoningParser::Auto,
             tool_parser: ToolParser::Auto,
             reject_unknown_fields: true,
