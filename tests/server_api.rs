@@ -491,7 +491,44 @@ fn several_choices_are_separate_sequences() {
     let all: Vec<&Value> = g.body["choices"].as_array().unwrap().iter().map(|c| &c["message"]["content"]).collect();
     assert!(all.iter().all(|t| *t == all[0]), "greedy choices are equal");
     openai_error(&post("/v1/chat/completions", &chat(json!({"n": 9}))), 400, Some("n"));
-    openai_error(&post("/v1/chat/completions", &chat(json!({"n": 2, "stream": true}))), 400, Some("n"));
+    let completion = |extra: Value| {
+        let mut b = json!({"model": "ft-actor-demo", "prompt": "hi", "max_tokens": 2});
+        b.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        post("/v1/completions", &b)
+    };
+    openai_error(&completion(json!({"n": 9})), 400, Some("n"));
+    openai_error(&completion(json!({"n": 2, "best_of": 3})), 400, Some("best_of"));
+    assert_eq!(completion(json!({"n": 2, "best_of": 2})).body["choices"].as_array().map(Vec::len), Some(2));
+    // Streamed, the choices' chunks interleave, each tagged with its index; one usage chunk
+    // and one [DONE] end the stream, and each choice says what the unstreamed one said.
+    let mut streamed = greedy.clone();
+    streamed["stream"] = json!(true);
+    streamed["stream_options"] = json!({"include_usage": true});
+    let o = post("/v1/chat/completions", &streamed);
+    assert_eq!(o.status, StatusCode::OK, "{}", o.text);
+    let events: Vec<&str> = o.text.lines().filter_map(|l| l.strip_prefix("data: ")).collect();
+    assert_eq!(events.last(), Some(&"[DONE]"), "{}", o.text);
+    assert_eq!(events.iter().filter(|e| **e == "[DONE]").count(), 1);
+    let (mut text, mut finished, mut usage) = (vec![String::new(); 3], [0; 3], vec![]);
+    for e in &events[..events.len() - 1] {
+        let v: Value = serde_json::from_str(e).expect("chunk json");
+        if v["choices"].as_array().is_some_and(|c| c.is_empty()) {
+            usage.push(v["usage"].clone());
+            continue;
+        }
+        let c = &v["choices"][0];
+        let i = c["index"].as_u64().expect("index") as usize;
+        text[i].push_str(c["delta"]["content"].as_str().unwrap_or(""));
+        if c["finish_reason"].is_string() {
+            finished[i] += 1;
+        }
+    }
+    assert_eq!(finished, [1, 1, 1], "each choice ends once: {}", o.text);
+    assert_eq!(usage.len(), 1, "one usage chunk");
+    assert_eq!(usage[0]["completion_tokens"], 18);
+    for (i, t) in text.iter().enumerate() {
+        assert_eq!(Some(t.as_str()), g.body["choices"][i]["message"]["content"].as_str(), "choice {i}");
+    }
 }
 
 #[test]

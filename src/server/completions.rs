@@ -1,8 +1,8 @@
 //! OpenAI-compatible `/v1/completions` (raw prompts, no chat template).
 
 use super::errors::OpenAiError;
-use super::generation::{GenParams, LogprobEntry, Outcome, Run, SamplingOverrides};
-use super::openai::{fingerprint, finish_reason, usage_json};
+use super::generation::{GenParams, LogprobEntry, Outcome, SamplingOverrides, Usage};
+use super::openai::{choice_runs, choices_usage, fingerprint, finish_reason, usage_json, MAX_CHOICES};
 use super::parsers::{Parsed, ParserOptions};
 use super::prompt::{check_fields, parse_request};
 use super::wire::{self, Stop};
@@ -62,8 +62,12 @@ pub async fn create(State(state): State<AppState>, body: Body) -> Result<Respons
     check_fields(&state, &body, COMPLETION_FIELDS, false)?;
     let req: CompletionRequest = parse_request(body)?;
     state.check_model(req.model.as_deref())?;
-    if req.n.is_some_and(|n| n != 1) || req.best_of.is_some_and(|n| n != 1) {
-        return Err(ApiError::invalid("n", "only n=1 (and best_of=1) is supported").into());
+    let n = req.n.unwrap_or(1);
+    if n == 0 || n > MAX_CHOICES {
+        return Err(ApiError::invalid("n", format!("n must be between 1 and {MAX_CHOICES}")).into());
+    }
+    if req.best_of.is_some_and(|b| b != n) {
+        return Err(ApiError::invalid("best_of", "best_of must equal n: completions are not ranked").into());
     }
     if req.logprobs.is_some_and(|n| n as usize > crate::sampling::MAX_TOP_LOGPROBS) {
         return Err(ApiError::invalid("logprobs", format!("logprobs must be at most {}", crate::sampling::MAX_TOP_LOGPROBS)).into());
@@ -94,22 +98,31 @@ pub async fn create(State(state): State<AppState>, body: Body) -> Result<Respons
         logprobs: req.logprobs.map(|n| n as usize),
         grammar: None,
     };
-    let run = Run::start(&state, params).await?;
+    let mut runs = choice_runs(&state, &params, n).await?;
     let id = new_id("cmpl-");
     if req.stream.unwrap_or(false) {
         let usage = req.stream_options.and_then(|o| o.include_usage).unwrap_or(false);
-        let offset = echo.len();
-        let enc = CompletionStream { id, model: state.model_id.clone(), created: unix_now(), usage, echo, logprobs: vec![], offset };
-        return Ok(sse::response(run, enc));
+        let enc = |index| CompletionStream::new(id.clone(), state.model_id.clone(), usage, echo.clone(), index, n == 1);
+        if n == 1 {
+            return Ok(sse::response(runs.remove(0), enc(0)));
+        }
+        let close = enc(0);
+        let encs = (0..runs.len()).map(enc).collect();
+        return Ok(sse::response_many(runs, encs, move |outcomes| close.close(usage.then(|| choices_usage(&outcomes)))));
     }
-    let c = run.collect().await?;
-    let text = format!("{echo}{}", c.text());
-    let logprobs = if req.logprobs.is_some() { completion_logprobs(&c.logprobs, echo.len()) } else { Value::Null };
+    let (mut choices, mut outcomes) = (vec![], vec![]);
+    for (index, run) in runs.into_iter().enumerate() {
+        let c = run.collect().await?;
+        let text = format!("{echo}{}", c.text());
+        let logprobs = if req.logprobs.is_some() { completion_logprobs(&c.logprobs, echo.len()) } else { Value::Null };
+        choices.push(json!({"text": text, "index": index, "logprobs": logprobs, "finish_reason": finish_reason(&c.outcome)}));
+        outcomes.push(c.outcome);
+    }
     Ok(Json(json!({
         "id": id, "object": "text_completion", "created": unix_now(), "model": state.model_id,
         "system_fingerprint": fingerprint(),
-        "choices": [{"text": text, "index": 0, "logprobs": logprobs, "finish_reason": finish_reason(&c.outcome)}],
-        "usage": usage_json(&c.outcome.usage),
+        "choices": choices,
+        "usage": usage_json(&choices_usage(&outcomes)),
     }))
     .into_response())
 }
@@ -163,6 +176,10 @@ struct CompletionStream {
     logprobs: Vec<LogprobEntry>,
     /// Text offset of the next token.
     offset: usize,
+    /// The choice this encoder writes.
+    index: usize,
+    /// Whether its end closes the stream (not when it is one of several choices).
+    closes: bool,
 }
 
 /// The legacy completions `logprobs`: parallel lists, the text offsets counted from `offset`.
@@ -181,6 +198,25 @@ fn completion_logprobs(entries: &[LogprobEntry], mut offset: usize) -> Value {
 }
 
 impl CompletionStream {
+    fn new(id: String, model: String, usage: bool, echo: String, index: usize, closes: bool) -> Self {
+        let offset = echo.len();
+        Self { id, model, created: unix_now(), usage, echo, logprobs: vec![], offset, index, closes }
+    }
+
+    /// The events that end the stream: the usage chunk (when asked for) and `[DONE]`.
+    fn close(&self, usage: Option<Usage>) -> String {
+        let mut s = String::new();
+        if let Some(u) = usage {
+            let v = json!({
+                "id": self.id, "object": "text_completion", "created": self.created, "model": self.model,
+                "choices": [], "usage": usage_json(&u),
+            });
+            s.push_str(&sse::data(&v));
+        }
+        s.push_str("data: [DONE]\n\n");
+        s
+    }
+
     fn chunk(&mut self, text: &str, finish: Option<&str>) -> String {
         let logprobs = if self.logprobs.is_empty() {
             Value::Null
@@ -193,7 +229,7 @@ impl CompletionStream {
         let mut v = json!({
             "id": self.id, "object": "text_completion", "created": self.created, "model": self.model,
             "system_fingerprint": fingerprint(),
-            "choices": [{"text": text, "index": 0, "logprobs": logprobs, "finish_reason": finish}],
+            "choices": [{"text": text, "index": self.index, "logprobs": logprobs, "finish_reason": finish}],
         });
         if self.usage {
             v["usage"] = Value::Null;
@@ -219,14 +255,9 @@ impl sse::Encoder for CompletionStream {
 
     fn done(&mut self, o: Outcome) -> String {
         let mut s = self.chunk("", Some(finish_reason(&o)));
-        if self.usage {
-            let v = json!({
-                "id": self.id, "object": "text_completion", "created": self.created, "model": self.model,
-                "choices": [], "usage": usage_json(&o.usage),
-            });
-            s.push_str(&sse::data(&v));
+        if self.closes {
+            s.push_str(&self.close(self.usage.then_some(o.usage)));
         }
-        s.push_str("data: [DONE]\n\n");
         s
     }
 

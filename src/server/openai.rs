@@ -71,9 +71,6 @@ pub async fn chat_completions(State(state): State<AppState>, body: Body) -> Resu
     if n == 0 || n > MAX_CHOICES {
         return Err(ApiError::invalid("n", format!("n must be between 1 and {MAX_CHOICES}")).into());
     }
-    if n > 1 && req.stream.unwrap_or(false) {
-        return Err(ApiError::invalid("n", "n > 1 is supported without stream").into());
-    }
     if req.functions.as_ref().is_some_and(|f| !f.is_null()) {
         return Err(ApiError::invalid("functions", "the legacy `functions` parameter is not supported; use `tools`").into());
     }
@@ -125,12 +122,19 @@ pub async fn chat_completions(State(state): State<AppState>, body: Body) -> Resu
         grammar,
     };
     let id = new_id("chatcmpl-");
+    let stream = req.stream.unwrap_or(false);
+    let usage = req.stream_options.as_ref().and_then(|o| o.include_usage).unwrap_or(false);
+    if n > 1 && stream {
+        let runs = choice_runs(&state, &params, n).await?;
+        let encs = (0..runs.len()).map(|i| ChatStream::choice(id.clone(), state.model_id.clone(), usage, i)).collect();
+        let close = ChatStream::new(id, state.model_id.clone(), usage);
+        return Ok(sse::response_many(runs, encs, move |outcomes| close.close(usage.then(|| choices_usage(&outcomes)))));
+    }
     if n > 1 {
         return Ok(Json(chat_choices(&state, &id, params, n, logprobs.is_some()).await?).into_response());
     }
     let run = Run::start(&state, params).await?;
-    if req.stream.unwrap_or(false) {
-        let usage = req.stream_options.and_then(|o| o.include_usage).unwrap_or(false);
+    if stream {
         let enc = ChatStream::new(id, state.model_id.clone(), usage);
         return Ok(sse::response(run, enc));
     }
@@ -357,18 +361,13 @@ fn chat_response(id: &str, model: &str, c: &Collected) -> Value {
 }
 
 /// The most choices (`n`) one request may ask for: each is a sequence of its own.
-const MAX_CHOICES: u32 = 8;
+pub(super) const MAX_CHOICES: u32 = 8;
 
 /// `n` choices of one prompt, each its own sequence (submitted together, so the engine runs
 /// them side by side); a given seed is offset per choice so that sampled choices differ.
 async fn chat_choices(state: &AppState, id: &str, params: GenParams, n: u32, logprobs: bool) -> Result<Value, ApiError> {
-    let mut runs = Vec::with_capacity(n as usize);
-    for i in 0..n {
-        let mut p = params.clone();
-        p.sampling.seed = p.sampling.seed.map(|s| s.wrapping_add(i as u64));
-        runs.push(Run::start(state, p).await?);
-    }
-    let (mut choices, mut completion, mut resp) = (vec![], 0, Value::Null);
+    let runs = choice_runs(state, &params, n).await?;
+    let (mut choices, mut outcomes, mut resp) = (vec![], vec![], Value::Null);
     for (i, run) in runs.into_iter().enumerate() {
         let c = run.collect().await?;
         let mut one = chat_response(id, &state.model_id, &c);
@@ -378,16 +377,33 @@ async fn chat_choices(state: &AppState, id: &str, params: GenParams, n: u32, log
             choice["logprobs"] = chat_logprobs(&c.logprobs);
         }
         choices.push(choice);
-        completion += c.outcome.usage.completion;
+        outcomes.push(c.outcome);
         if i == 0 {
             resp = one;
         }
     }
     resp["choices"] = Value::Array(choices);
-    let prompt = resp["usage"]["prompt_tokens"].as_u64().unwrap_or(0) as usize;
-    resp["usage"]["completion_tokens"] = completion.into();
-    resp["usage"]["total_tokens"] = (prompt + completion).into();
+    resp["usage"] = usage_json(&choices_usage(&outcomes));
     Ok(resp)
+}
+
+/// The `n` runs of one prompt's choices, a given seed offset per choice so that sampled
+/// choices differ.
+pub(super) async fn choice_runs(state: &AppState, params: &GenParams, n: u32) -> Result<Vec<Run>, ApiError> {
+    let mut runs = Vec::with_capacity(n as usize);
+    for i in 0..n {
+        let mut p = params.clone();
+        p.sampling.seed = p.sampling.seed.map(|s| s.wrapping_add(i as u64));
+        runs.push(Run::start(state, p).await?);
+    }
+    Ok(runs)
+}
+
+/// The usage of a request's choices: the prompt once, every choice's completion.
+pub(super) fn choices_usage(outcomes: &[Outcome]) -> Usage {
+    let mut u = outcomes.first().map(|o| o.usage.clone()).unwrap_or_default();
+    u.completion = outcomes.iter().map(|o| o.usage.completion).sum();
+    u
 }
 
 pub(super) fn fingerprint() -> String {
@@ -403,6 +419,11 @@ pub(super) struct ChatStream {
     calls: usize,
     /// Log-probabilities for the next chunk.
     logprobs: Vec<LogprobEntry>,
+    /// The choice this encoder writes.
+    index: usize,
+    /// Whether its end closes the stream (the usage chunk and `[DONE]`): not when it is one of
+    /// several choices, whose stream [`ChatStream::close`] ends.
+    closes: bool,
 }
 
 /// A chat choice's `logprobs`: one entry per generated token.
@@ -413,7 +434,26 @@ fn chat_logprobs(entries: &[LogprobEntry]) -> Value {
 impl ChatStream {
     /// An encoder for the stream `id`; `usage` adds the final usage chunk.
     pub(super) fn new(id: String, model: String, usage: bool) -> Self {
-        Self { id, model, created: unix_now(), usage, calls: 0, logprobs: vec![] }
+        Self { id, model, created: unix_now(), usage, calls: 0, logprobs: vec![], index: 0, closes: true }
+    }
+
+    /// An encoder for choice `index` of several in the stream `id`.
+    fn choice(id: String, model: String, usage: bool, index: usize) -> Self {
+        Self { index, closes: false, ..Self::new(id, model, usage) }
+    }
+
+    /// The events that end the stream: the usage chunk (when asked for) and `[DONE]`.
+    fn close(&self, usage: Option<Usage>) -> String {
+        let mut s = String::new();
+        if let Some(u) = usage {
+            let v = json!({
+                "id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
+                "system_fingerprint": fingerprint(), "choices": [], "usage": usage_json(&u),
+            });
+            s.push_str(&sse::data(&v));
+        }
+        s.push_str("data: [DONE]\n\n");
+        s
     }
 
     fn chunk(&mut self, delta: Value, finish: Option<&str>) -> String {
@@ -421,7 +461,7 @@ impl ChatStream {
         let mut v = json!({
             "id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
             "system_fingerprint": fingerprint(),
-            "choices": [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}],
+            "choices": [{"index": self.index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}],
         });
         if self.usage {
             v["usage"] = Value::Null;
@@ -458,14 +498,9 @@ impl sse::Encoder for ChatStream {
 
     fn done(&mut self, o: Outcome) -> String {
         let mut s = self.chunk(json!({}), Some(finish_reason(&o)));
-        if self.usage {
-            let v = json!({
-                "id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
-                "system_fingerprint": fingerprint(), "choices": [], "usage": usage_json(&o.usage),
-            });
-            s.push_str(&sse::data(&v));
+        if self.closes {
+            s.push_str(&self.close(self.usage.then_some(o.usage)));
         }
-        s.push_str("data: [DONE]\n\n");
         s
     }
 

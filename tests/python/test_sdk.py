@@ -114,6 +114,24 @@ def chat_completion_stream_with_usage():
 
 
 @test
+def chat_completion_several_choices_streamed_and_not():
+    args = dict(model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=5, temperature=0, n=2,
+                extra_body={"ignore_eos": True})
+    r = oa.chat.completions.create(**args)
+    assert [c.index for c in r.choices] == [0, 1] and r.usage.completion_tokens == 10
+    text, finishes, usage = ["", ""], [0, 0], None
+    for chunk in oa.chat.completions.create(stream=True, stream_options={"include_usage": True}, **args):
+        if chunk.usage is not None:
+            usage = chunk.usage
+        for c in chunk.choices:
+            text[c.index] += c.delta.content or ""
+            finishes[c.index] += bool(c.finish_reason)
+    assert finishes == [1, 1], finishes
+    assert text == [c.message.content for c in r.choices], (text, r.choices)
+    assert usage is not None and usage.completion_tokens == 10
+
+
+@test
 def chat_completion_logprobs_streamed_and_not():
     args = dict(model=MODEL, messages=[{"role": "user", "content": "Hello!"}], max_tokens=6, temperature=0,
                 logprobs=True, top_logprobs=3, extra_body={"ignore_eos": True})
@@ -242,6 +260,26 @@ def completions_stream():
             if ch.finish_reason:
                 finishes.append(ch.finish_reason)
     assert len(finishes) == 1 and usage is not None and usage.prompt_tokens == 4
+
+
+@test
+def completions_several_choices_streamed_and_not():
+    args = dict(model=MODEL, prompt="Echo me", max_tokens=4, temperature=0.9, seed=5, n=3, echo=True,
+                extra_body={"ignore_eos": True})
+    r = oa.completions.create(**args)
+    assert [c.index for c in r.choices] == [0, 1, 2] and r.usage.completion_tokens == 12
+    assert all(c.text.startswith("Echo me") for c in r.choices)
+    assert len({c.text for c in r.choices}) > 1, "seeds are offset per choice"
+    text, finishes, usage = ["", "", ""], [0, 0, 0], None
+    for chunk in oa.completions.create(stream=True, stream_options={"include_usage": True}, **args):
+        if chunk.usage:
+            usage = chunk.usage
+        for c in chunk.choices:
+            text[c.index] += c.text
+            finishes[c.index] += bool(c.finish_reason)
+    assert finishes == [1, 1, 1], finishes
+    assert text == [c.text for c in r.choices], (text, [c.text for c in r.choices])
+    assert usage is not None and usage.completion_tokens == 12
 
 
 @test
