@@ -30,6 +30,8 @@ mod sse;
 pub mod store;
 #[cfg(test)]
 mod template_tests;
+#[cfg(test)]
+mod template_round_trip_tests;
 mod wire;
 
 pub use errors::{ApiError, ErrorKind, Flavor};

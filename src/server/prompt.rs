@@ -5,7 +5,7 @@
 //! messages, `reasoning_content`) — a [`Conversation`]; rendering and tokenizing it runs on
 //! the blocking pool because long agent prompts take real CPU time.
 
-use super::parsers::{ParamTypes, ParserOptions};
+use super::parsers::{ParamTypes, ParserOptions, ToolMarkup};
 use super::settings::{ReasoningParser, ToolParser};
 use super::{ApiError, AppState, ErrorKind, ServerSettings};
 use crate::chat::{ChatError, ChatRequest, ChatTemplate};
@@ -21,6 +21,8 @@ pub struct ModelFormat {
     pub tools: bool,
     /// Bare `<function=…>` blocks count as tool calls (Qwen3-Coder).
     pub bare_function: bool,
+    /// The markup around the calls.
+    pub markup: ToolMarkup,
 }
 
 impl ModelFormat {
@@ -33,14 +35,27 @@ impl ModelFormat {
             ReasoningParser::Think => true,
             ReasoningParser::None => false,
         };
+        Self { reasoning, ..Self::tool_format(s.tool_parser, src, has("<tool_call>")) }
+    }
+
+    /// The tool-call part of the format for `parser`, from the template's source `src` and
+    /// whether the vocabulary has a `<tool_call>` token.
+    pub(super) fn tool_format(parser: ToolParser, src: &str, tool_call_token: bool) -> Self {
         let xml = src.contains("<function=");
-        let (tools, bare_function) = match s.tool_parser {
-            ToolParser::Auto => (xml || src.contains("<tool_call>") || has("<tool_call>"), xml),
-            ToolParser::Hermes => (true, false),
-            ToolParser::Qwen3Coder => (true, true),
-            ToolParser::None => (false, false),
-        };
-        Self { reasoning, tools, bare_function }
+        let family = |markup| Self { tools: true, markup, ..Self::default() };
+        let tags = |tools, bare_function| Self { tools, bare_function, ..Self::default() };
+        match parser {
+            ToolParser::Auto => match ToolMarkup::from_template(src) {
+                Some(m) => family(m),
+                None => tags(xml || src.contains("<tool_call>") || tool_call_token, xml),
+            },
+            ToolParser::Hermes => tags(true, false),
+            ToolParser::Qwen3Coder => tags(true, true),
+            ToolParser::Deepseek => family(ToolMarkup::DeepSeek),
+            ToolParser::Kimi => family(ToolMarkup::Kimi),
+            ToolParser::Minimax => family(ToolMarkup::MiniMax),
+            ToolParser::None => tags(false, false),
+        }
     }
 }
 
@@ -90,7 +105,17 @@ impl Conversation {
             .last()
             .is_some_and(|m| m.get("role").and_then(Value::as_str) == Some("assistant") && m.get("tool_calls").is_none()
                 && m.get("content").and_then(Value::as_str).is_some_and(|c| !c.trim().is_empty()));
-        let req = ChatRequest {
+        let text = template.render(&self.chat_request(continue_final)).map_err(template_error)?;
+        let ids = tok
+            .encode(&text, false)
+            .map_err(|e| ApiError::internal(format!("cannot tokenize the prompt: {e}")))?;
+        let opens_reasoning = reasoning && opens_think(&text);
+        Ok(Prompt { ids, opens_reasoning })
+    }
+
+    /// The template's input: a new assistant turn is opened unless `continue_final`.
+    pub(super) fn chat_request(self, continue_final: bool) -> ChatRequest {
+        ChatRequest {
             messages: self.messages,
             tools: if self.tools.is_empty() || self.tools_off { None } else { Some(self.tools) },
             documents: None,
@@ -98,13 +123,7 @@ impl Conversation {
             continue_final_message: continue_final,
             enable_thinking: self.enable_thinking,
             extra: self.extra,
-        };
-        let text = template.render(&req).map_err(template_error)?;
-        let ids = tok
-            .encode(&text, false)
-            .map_err(|e| ApiError::internal(format!("cannot tokenize the prompt: {e}")))?;
-        let opens_reasoning = reasoning && opens_think(&text);
-        Ok(Prompt { ids, opens_reasoning })
+        }
     }
 
     /// Options for parsing this request's output.
@@ -115,6 +134,7 @@ impl Conversation {
             start_in_reasoning: prompt.opens_reasoning,
             tools,
             bare_function: tools && state.format.bare_function,
+            markup: state.format.markup,
             param_types: if tools { ParamTypes::from_tools(&self.tools) } else { ParamTypes::default() },
             raw: false,
         }

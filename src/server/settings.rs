@@ -21,14 +21,21 @@ pub enum ReasoningParser {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ToolParser {
-    /// From the chat template: `qwen3_coder` when it writes `<function=`, else `hermes`
-    /// when it mentions `<tool_call>`, else none.
+    /// From the chat template: the markup of DeepSeek, Kimi or MiniMax when it writes that,
+    /// else `qwen3_coder` when it writes `<function=`, else `hermes` when it mentions
+    /// `<tool_call>`, else none.
     #[default]
     Auto,
     /// `<tool_call>` blocks holding JSON (or XML) calls.
     Hermes,
     /// Like `hermes`, and bare `<function=…>` blocks too.
     Qwen3Coder,
+    /// DeepSeek V3.1/V3.2: `<｜tool▁calls▁begin｜>` sections.
+    Deepseek,
+    /// Kimi K2: `<|tool_calls_section_begin|>` sections.
+    Kimi,
+    /// MiniMax-M2: `<minimax:tool_call>` blocks of `<invoke>`s.
+    Minimax,
     /// Tool calls stay in the text.
     None,
 }

@@ -13,11 +13,16 @@
 //! - Qwen3-Coder XML: `<tool_call>\n<function=f>\n<parameter=p>\nvalue\n</parameter>\n</function>\n</tool_call>`
 //!   (also without the `<tool_call>` wrapper when the chat template uses this format).
 //! - GLM-4.5: `<tool_call>f\n<arg_key>p</arg_key>\n<arg_value>value</arg_value>\n</tool_call>`
+//!
+//! and the markup of families without `<tool_call>` tags ([`ToolMarkup`]: DeepSeek V3.1/V3.2,
+//! Kimi K2, MiniMax-M2), whose whole section of calls is held and parsed the same way.
 
+mod families;
 mod tool_call;
 #[cfg(test)]
 mod tests;
 
+pub use families::ToolMarkup;
 pub use tool_call::{parse_tool_call_body, ParamTypes};
 
 const THINK_OPEN: &str = "<think>";
@@ -65,6 +70,8 @@ pub struct ParserOptions {
     pub tools: bool,
     /// Also accept a bare `<function=…>` (Qwen3-Coder templates) as a tool call.
     pub bare_function: bool,
+    /// The markup around the calls.
+    pub markup: ToolMarkup,
     /// Parameter types from the tool schemas, used to type XML parameter values.
     pub param_types: ParamTypes,
     /// Pass text through untouched (raw completions): no markup, no whitespace trimming.
@@ -240,7 +247,7 @@ impl OutputParser {
                 false
             }
             Mode::ToolCall { open } => {
-                let close = if open == TOOL_OPEN { TOOL_CLOSE } else { FUNCTION_CLOSE };
+                let close = close_marker(open);
                 let Some(i) = self.buf.find(close) else {
                     return false;
                 };
@@ -260,10 +267,13 @@ impl OutputParser {
     }
 
     fn open_markers(&self) -> Vec<&'static str> {
-        match (self.opts.tools && !self.opts.raw, self.opts.bare_function) {
-            (false, _) => vec![],
-            (true, false) => vec![TOOL_OPEN],
-            (true, true) => vec![TOOL_OPEN, FUNCTION_OPEN],
+        if !self.opts.tools || self.opts.raw {
+            return vec![];
+        }
+        match (self.opts.markup.section(), self.opts.bare_function) {
+            (Some((open, _)), _) => vec![open],
+            (None, false) => vec![TOOL_OPEN],
+            (None, true) => vec![TOOL_OPEN, FUNCTION_OPEN],
         }
     }
 
@@ -304,12 +314,25 @@ impl OutputParser {
     }
 }
 
+/// The marker that ends what `open` began.
+fn close_marker(open: &'static str) -> &'static str {
+    match open {
+        TOOL_OPEN => TOOL_CLOSE,
+        FUNCTION_OPEN => FUNCTION_CLOSE,
+        _ => [ToolMarkup::DeepSeek, ToolMarkup::Kimi, ToolMarkup::MiniMax]
+            .into_iter()
+            .filter_map(ToolMarkup::section)
+            .find(|(o, _)| *o == open)
+            .map_or(TOOL_CLOSE, |(_, c)| c),
+    }
+}
+
 /// Parses a call opened by `open` with body `body` (between the markers).
 fn parse_call(open: &str, body: &str, types: &ParamTypes) -> Option<Vec<ToolCall>> {
-    if open == FUNCTION_OPEN {
-        parse_tool_call_body(&format!("{FUNCTION_OPEN}{body}{FUNCTION_CLOSE}"), types)
-    } else {
-        parse_tool_call_body(body, types)
+    match open {
+        FUNCTION_OPEN => parse_tool_call_body(&format!("{FUNCTION_OPEN}{body}{FUNCTION_CLOSE}"), types),
+        TOOL_OPEN => parse_tool_call_body(body, types),
+        _ => families::parse_section(open, body, types),
     }
 }
 

@@ -241,3 +241,51 @@ fn glm_key_value_calls() {
     let prose = "<tool_call>I would call a tool</tool_call>";
     check(&opts(false, true), prose, &[Parsed::Text(prose.into())]);
 }
+
+#[test]
+fn deepseek_section_of_calls() {
+    let o = ParserOptions { markup: ToolMarkup::DeepSeek, ..opts(true, true) };
+    let out = "<think>look it up</think>Checking.<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{\"city\": \"Paris\"}<｜tool▁call▁end｜><｜tool▁call▁begin｜>ls<｜tool▁sep｜>{}<｜tool▁call▁end｜><｜tool▁calls▁end｜>";
+    check(
+        &o,
+        out,
+        &[
+            Parsed::Reasoning("look it up".into()),
+            Parsed::Text("Checking.".into()),
+            call("get_weather", json!({"city": "Paris"})),
+            call("ls", json!({})),
+        ],
+    );
+    // `<tool_call>` means nothing to this family: it stays text.
+    check(&o, "<tool_call>{\"name\": \"f\"}</tool_call>", &[Parsed::Text("<tool_call>{\"name\": \"f\"}</tool_call>".into())]);
+    // Arguments that are not a JSON object give the section back as text.
+    let bad = "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>f<｜tool▁sep｜>[1]<｜tool▁call▁end｜><｜tool▁calls▁end｜>";
+    check(&o, bad, &[Parsed::Text(bad.into())]);
+}
+
+#[test]
+fn kimi_section_of_calls() {
+    let o = ParserOptions { markup: ToolMarkup::Kimi, ..opts(false, true) };
+    let out = "On it.<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>{\"city\": \"Oslo\"}<|tool_call_end|><|tool_call_begin|>functions.read_file:1<|tool_call_argument_begin|>{\"path\": \"a.rs\"}<|tool_call_end|><|tool_calls_section_end|>";
+    check(
+        &o,
+        out,
+        &[Parsed::Text("On it.".into()), call("get_weather", json!({"city": "Oslo"})), call("read_file", json!({"path": "a.rs"}))],
+    );
+}
+
+#[test]
+fn minimax_invokes_typed_by_the_schema() {
+    let tools = [json!({"type": "function", "function": {"name": "search", "parameters": {"type": "object",
+        "properties": {"q": {"type": "string"}, "limit": {"type": "integer"}, "filters": {"type": "object"}}}}})];
+    let o = ParserOptions { markup: ToolMarkup::MiniMax, param_types: ParamTypes::from_tools(&tools), ..opts(true, true) };
+    let out = "<think>\nsearch it\n</think>\n\n<minimax:tool_call>\n<invoke name=\"search\"><parameter name=\"q\">rust actors</parameter>\n<parameter name=\"limit\">5</parameter>\n<parameter name=\"filters\">{\"lang\": \"en\"}</parameter>\n</invoke>\n</minimax:tool_call>";
+    check(
+        &o,
+        out,
+        &[Parsed::Reasoning("search it".into()), call("search", json!({"q": "rust actors", "limit": 5, "filters": {"lang": "en"}}))],
+    );
+    // Cut off inside the block (the length limit): what was written is given back as text.
+    let cut = "<minimax:tool_call>\n<invoke name=\"search\"><parameter name=\"q\">ru";
+    check(&o, cut, &[Parsed::Text(cut.into())]);
+}

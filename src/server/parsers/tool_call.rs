@@ -40,7 +40,7 @@ impl ParamTypes {
         Self(map)
     }
 
-    fn get(&self, tool: &str, param: &str) -> Option<&str> {
+    pub(super) fn get(&self, tool: &str, param: &str) -> Option<&str> {
         self.0.get(tool)?.get(param).map(String::as_str)
     }
 }
@@ -59,10 +59,13 @@ pub fn parse_tool_call_body(body: &str, types: &ParamTypes) -> Option<Vec<ToolCa
     }
 }
 
-/// GLM-4.5: `NAME\n<arg_key>K</arg_key>\n<arg_value>V</arg_value>…` (values typed as XML's).
+/// GLM-4.5: `NAME\n<arg_key>K</arg_key>\n<arg_value>V</arg_value>…` (values typed as XML's;
+/// GLM-4.7 leaves out the newlines).
 fn parse_glm(body: &str, types: &ParamTypes) -> Option<Vec<ToolCall>> {
-    let (name, mut rest) = match body.find('\n') {
-        Some(i) => (body[..i].trim(), body[i + 1..].trim()),
+    // GLM-4.5/4.6 put a newline after the name; GLM-4.7 writes the first `<arg_key>` right
+    // after it.
+    let (name, mut rest) = match [body.find('\n'), body.find("<arg_key>")].into_iter().flatten().min() {
+        Some(i) => (body[..i].trim(), body[i..].trim()),
         None => (body, ""),
     };
     let valid_name = |n: &str| !n.is_empty() && !n.contains(char::is_whitespace) && !n.contains(['<', '>', '{', '"']);
@@ -171,7 +174,7 @@ fn strip_one_newline(s: &str) -> &str {
 }
 
 /// Types an XML parameter value by its schema; a value that does not fit stays a string.
-fn typed_value(raw: &str, ty: Option<&str>) -> Value {
+pub(super) fn typed_value(raw: &str, ty: Option<&str>) -> Value {
     let text = || Value::String(raw.to_string());
     let t = raw.trim();
     match ty {

@@ -1,0 +1,135 @@
+//! Tool-call markup of the families that do not use `<tool_call>` tags: DeepSeek V3.1/V3.2,
+//! Kimi K2 and MiniMax-M2, as their published chat templates write an assistant's calls.
+
+use super::tool_call::{typed_value, ParamTypes};
+use super::ToolCall;
+use serde_json::{Map, Value};
+
+/// DeepSeek V3.1/V3.2: the calls' section.
+pub(super) const DEEPSEEK_OPEN: &str = "<｜tool▁calls▁begin｜>";
+/// End of DeepSeek's section.
+pub(super) const DEEPSEEK_CLOSE: &str = "<｜tool▁calls▁end｜>";
+/// Kimi K2: the calls' section.
+pub(super) const KIMI_OPEN: &str = "<|tool_calls_section_begin|>";
+/// End of Kimi's section.
+pub(super) const KIMI_CLOSE: &str = "<|tool_calls_section_end|>";
+/// MiniMax-M2: the calls' block.
+pub(super) const MINIMAX_OPEN: &str = "<minimax:tool_call>";
+/// End of MiniMax's block.
+pub(super) const MINIMAX_CLOSE: &str = "</minimax:tool_call>";
+
+/// Which markup wraps a model's tool calls.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ToolMarkup {
+    /// `<tool_call>…</tool_call>` (Hermes/Qwen JSON, Qwen3-Coder XML, GLM key/value tags).
+    #[default]
+    ToolCallTags,
+    /// `<｜tool▁call▁begin｜>NAME<｜tool▁sep｜>{JSON}<｜tool▁call▁end｜>` inside DeepSeek's section.
+    DeepSeek,
+    /// `<|tool_call_begin|>functions.NAME:I<|tool_call_argument_begin|>{JSON}<|tool_call_end|>`
+    /// inside Kimi's section.
+    Kimi,
+    /// `<invoke name="NAME"><parameter name="P">VALUE</parameter></invoke>` inside MiniMax's block.
+    MiniMax,
+}
+
+impl ToolMarkup {
+    /// The markup a chat template writes for an assistant's calls, from its source.
+    pub fn from_template(src: &str) -> Option<Self> {
+        [(DEEPSEEK_OPEN, Self::DeepSeek), (KIMI_OPEN, Self::Kimi), (MINIMAX_OPEN, Self::MiniMax)]
+            .into_iter()
+            .find(|(open, _)| src.contains(open))
+            .map(|(_, m)| m)
+    }
+
+    /// The section markers (open, close) of a family with its own markup.
+    pub(super) fn section(self) -> Option<(&'static str, &'static str)> {
+        match self {
+            Self::ToolCallTags => None,
+            Self::DeepSeek => Some((DEEPSEEK_OPEN, DEEPSEEK_CLOSE)),
+            Self::Kimi => Some((KIMI_OPEN, KIMI_CLOSE)),
+            Self::MiniMax => Some((MINIMAX_OPEN, MINIMAX_CLOSE)),
+        }
+    }
+}
+
+/// The calls in the section body opened by `open` (one of the families' open markers);
+/// `None` when `open` is not one of them or the body is not well formed.
+pub(super) fn parse_section(open: &str, body: &str, types: &ParamTypes) -> Option<Vec<ToolCall>> {
+    let calls = match open {
+        DEEPSEEK_OPEN => repeated(body, "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>", deepseek_call)?,
+        KIMI_OPEN => repeated(body, "<|tool_call_begin|>", "<|tool_call_end|>", kimi_call)?,
+        MINIMAX_OPEN => repeated(body, "<invoke name=\"", "</invoke>", |inner| minimax_call(inner, types))?,
+        _ => return None,
+    };
+    (!calls.is_empty()).then_some(calls)
+}
+
+/// Every `open … close` item of `body` (whitespace between them only), each parsed by `item`.
+fn repeated(body: &str, open: &str, close: &str, item: impl Fn(&str) -> Option<ToolCall>) -> Option<Vec<ToolCall>> {
+    let mut calls = vec![];
+    let mut rest = body.trim();
+    while !rest.is_empty() {
+        let after = rest.strip_prefix(open)?;
+        let end = after.find(close)?;
+        calls.push(item(&after[..end])?);
+        rest = after[end + close.len()..].trim_start();
+    }
+    Some(calls)
+}
+
+/// A plausible function name: no whitespace or markup.
+fn name_ok(n: &str) -> bool {
+    !n.is_empty() && !n.contains(char::is_whitespace) && !n.contains(['<', '>', '{', '"', '｜', '|'])
+}
+
+/// JSON arguments: an object (or nothing at all).
+fn json_args(s: &str) -> Option<Map<String, Value>> {
+    let s = s.trim();
+    if s.is_empty() {
+        return Some(Map::new());
+    }
+    match serde_json::from_str(s).ok()? {
+        Value::Object(m) => Some(m),
+        _ => None,
+    }
+}
+
+/// `NAME<｜tool▁sep｜>{JSON}`.
+fn deepseek_call(inner: &str) -> Option<ToolCall> {
+    let (name, args) = inner.split_once("<｜tool▁sep｜>")?;
+    let name = name.trim();
+    name_ok(name).then_some(())?;
+    Some(ToolCall { name: name.to_string(), arguments: json_args(args)? })
+}
+
+/// `functions.NAME:INDEX<|tool_call_argument_begin|>{JSON}` (the id's prefix and index are
+/// optional).
+fn kimi_call(inner: &str) -> Option<ToolCall> {
+    let (id, args) = inner.split_once("<|tool_call_argument_begin|>")?;
+    let id = id.trim();
+    let id = id.strip_prefix("functions.").unwrap_or(id);
+    let name = match id.rsplit_once(':') {
+        Some((n, i)) if i.chars().all(|c| c.is_ascii_digit()) => n,
+        _ => id,
+    };
+    name_ok(name).then_some(())?;
+    Some(ToolCall { name: name.to_string(), arguments: json_args(args)? })
+}
+
+/// `NAME">` then `<parameter name="P">VALUE</parameter>`…: values are text, typed by the
+/// tool's schema (the template writes non-strings as JSON).
+fn minimax_call(inner: &str, types: &ParamTypes) -> Option<ToolCall> {
+    let (name, mut rest) = inner.split_once("\">")?;
+    name_ok(name).then_some(())?;
+    let mut args = Map::new();
+    rest = rest.trim();
+    while !rest.is_empty() {
+        let after = rest.strip_prefix("<parameter name=\"")?;
+        let (key, after) = after.split_once("\">")?;
+        let end = after.find("</parameter>")?;
+        args.insert(key.to_string(), typed_value(&after[..end], types.get(name, key)));
+        rest = after[end + "</parameter>".len()..].trim_start();
+    }
+    Some(ToolCall { name: name.to_string(), arguments: args })
+}
