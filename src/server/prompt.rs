@@ -52,6 +52,8 @@ impl ModelFormat {
             ToolParser::Hermes => tags(true, false),
             ToolParser::Qwen3Coder => tags(true, true),
             ToolParser::Deepseek => family(ToolMarkup::DeepSeek),
+            ToolParser::DeepseekDsml => family(ToolMarkup::Dsml),
+            ToolParser::Mistral => family(ToolMarkup::Mistral),
             ToolParser::Kimi => family(ToolMarkup::Kimi),
             ToolParser::Minimax => family(ToolMarkup::MiniMax),
             ToolParser::None => tags(false, false),

@@ -21,7 +21,7 @@ pub enum ReasoningParser {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ToolParser {
-    /// From the chat template: the markup of DeepSeek, Kimi or MiniMax when it writes that,
+    /// From the chat template: the markup of DeepSeek, Kimi, MiniMax or Mistral when it writes that,
     /// else `qwen3_coder` when it writes `<function=`, else `hermes` when it mentions
     /// `<tool_call>`, else none.
     #[default]
@@ -30,8 +30,12 @@ pub enum ToolParser {
     Hermes,
     /// Like `hermes`, and bare `<function=…>` blocks too.
     Qwen3Coder,
-    /// DeepSeek V3.1/V3.2: `<｜tool▁calls▁begin｜>` sections.
+    /// DeepSeek V3.1: `<｜tool▁calls▁begin｜>` sections.
     Deepseek,
+    /// DeepSeek V3.2/V4: DSML `<｜DSML｜invoke>` blocks.
+    DeepseekDsml,
+    /// Mistral/Devstral: `[TOOL_CALLS]NAME[ARGS]{json}`.
+    Mistral,
     /// Kimi K2: `<|tool_calls_section_begin|>` sections.
     Kimi,
     /// MiniMax-M2: `<minimax:tool_call>` blocks of `<invoke>`s.

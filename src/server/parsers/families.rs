@@ -1,5 +1,6 @@
-//! Tool-call markup of the families that do not use `<tool_call>` tags: DeepSeek V3.1/V3.2,
-//! Kimi K2 and MiniMax-M2, as their published chat templates write an assistant's calls.
+//! Tool-call markup of the families that do not use `<tool_call>` tags: DeepSeek V3.1,
+//! DeepSeek V3.2/V4 (DSML), Kimi K2, MiniMax-M2 and Mistral, as their published chat templates
+//! write an assistant's calls.
 
 use super::tool_call::{typed_value, ParamTypes};
 use super::ToolCall;
@@ -17,6 +18,16 @@ pub(super) const KIMI_CLOSE: &str = "<|tool_calls_section_end|>";
 pub(super) const MINIMAX_OPEN: &str = "<minimax:tool_call>";
 /// End of MiniMax's block.
 pub(super) const MINIMAX_CLOSE: &str = "</minimax:tool_call>";
+/// DeepSeek V3.2's DSML block.
+pub(super) const DSML_FUNCTIONS_OPEN: &str = "<｜DSML｜function_calls>";
+/// End of DeepSeek V3.2's block.
+pub(super) const DSML_FUNCTIONS_CLOSE: &str = "</｜DSML｜function_calls>";
+/// DeepSeek V4's DSML block.
+pub(super) const DSML_TOOLS_OPEN: &str = "<｜DSML｜tool_calls>";
+/// End of DeepSeek V4's block.
+pub(super) const DSML_TOOLS_CLOSE: &str = "</｜DSML｜tool_calls>";
+/// Mistral: each call starts with it, and nothing but the end of the output closes the last.
+pub(super) const MISTRAL_OPEN: &str = "[TOOL_CALLS]";
 
 /// Which markup wraps a model's tool calls.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -31,25 +42,40 @@ pub enum ToolMarkup {
     Kimi,
     /// `<invoke name="NAME"><parameter name="P">VALUE</parameter></invoke>` inside MiniMax's block.
     MiniMax,
+    /// DeepSeek V3.2/V4: `<｜DSML｜invoke name="NAME">` with `<｜DSML｜parameter name="P"
+    /// string="true|false">` values (JSON unless `string="true"`) inside a DSML block.
+    Dsml,
+    /// Mistral/Devstral: `[TOOL_CALLS]NAME[ARGS]{JSON}` (or `[TOOL_CALLS][{"name", "arguments"}]`)
+    /// to the end of the output.
+    Mistral,
 }
 
 impl ToolMarkup {
     /// The markup a chat template writes for an assistant's calls, from its source.
     pub fn from_template(src: &str) -> Option<Self> {
-        [(DEEPSEEK_OPEN, Self::DeepSeek), (KIMI_OPEN, Self::Kimi), (MINIMAX_OPEN, Self::MiniMax)]
+        // DSML templates build their tags from a `｜DSML｜` variable.
+        [("｜DSML｜", Self::Dsml), (DEEPSEEK_OPEN, Self::DeepSeek), (KIMI_OPEN, Self::Kimi), (MINIMAX_OPEN, Self::MiniMax), (MISTRAL_OPEN, Self::Mistral)]
             .into_iter()
             .find(|(open, _)| src.contains(open))
             .map(|(_, m)| m)
     }
 
-    /// The section markers (open, close) of a family with its own markup.
-    pub(super) fn section(self) -> Option<(&'static str, &'static str)> {
+    /// The section markers (open, close) of a family with its own markup; an empty close is
+    /// the end of the output.
+    pub(super) fn sections(self) -> &'static [(&'static str, &'static str)] {
         match self {
-            Self::ToolCallTags => None,
-            Self::DeepSeek => Some((DEEPSEEK_OPEN, DEEPSEEK_CLOSE)),
-            Self::Kimi => Some((KIMI_OPEN, KIMI_CLOSE)),
-            Self::MiniMax => Some((MINIMAX_OPEN, MINIMAX_CLOSE)),
+            Self::ToolCallTags => &[],
+            Self::DeepSeek => &[(DEEPSEEK_OPEN, DEEPSEEK_CLOSE)],
+            Self::Kimi => &[(KIMI_OPEN, KIMI_CLOSE)],
+            Self::MiniMax => &[(MINIMAX_OPEN, MINIMAX_CLOSE)],
+            Self::Dsml => &[(DSML_FUNCTIONS_OPEN, DSML_FUNCTIONS_CLOSE), (DSML_TOOLS_OPEN, DSML_TOOLS_CLOSE)],
+            Self::Mistral => &[(MISTRAL_OPEN, "")],
         }
+    }
+
+    /// Every family's section markers.
+    pub(super) fn all_sections() -> impl Iterator<Item = (&'static str, &'static str)> {
+        [Self::DeepSeek, Self::Kimi, Self::MiniMax, Self::Dsml, Self::Mistral].into_iter().flat_map(|m| m.sections().iter().copied())
     }
 }
 
@@ -60,6 +86,8 @@ pub(super) fn parse_section(open: &str, body: &str, types: &ParamTypes) -> Optio
         DEEPSEEK_OPEN => repeated(body, "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>", deepseek_call)?,
         KIMI_OPEN => repeated(body, "<|tool_call_begin|>", "<|tool_call_end|>", kimi_call)?,
         MINIMAX_OPEN => repeated(body, "<invoke name=\"", "</invoke>", |inner| minimax_call(inner, types))?,
+        DSML_FUNCTIONS_OPEN | DSML_TOOLS_OPEN => repeated(body, "<｜DSML｜invoke name=\"", "</｜DSML｜invoke>", |inner| dsml_call(inner, types))?,
+        MISTRAL_OPEN => mistral_calls(body)?,
         _ => return None,
     };
     (!calls.is_empty()).then_some(calls)
@@ -132,4 +160,46 @@ fn minimax_call(inner: &str, types: &ParamTypes) -> Option<ToolCall> {
         rest = after[end + "</parameter>".len()..].trim_start();
     }
     Some(ToolCall { name: name.to_string(), arguments: args })
+}
+
+/// `NAME">` then `<｜DSML｜parameter name="P" string="true|false">VALUE</｜DSML｜parameter>`…:
+/// a `string="true"` value is the text itself, any other is JSON (typed by the schema when it
+/// does not parse).
+fn dsml_call(inner: &str, types: &ParamTypes) -> Option<ToolCall> {
+    let (name, mut rest) = inner.split_once("\">")?;
+    name_ok(name).then_some(())?;
+    let mut args = Map::new();
+    rest = rest.trim();
+    while !rest.is_empty() {
+        let after = rest.strip_prefix("<｜DSML｜parameter name=\"")?;
+        let (key, after) = after.split_once('"')?;
+        let (attrs, after) = after.split_once('>')?;
+        let end = after.find("</｜DSML｜parameter>")?;
+        let raw = &after[..end];
+        let value = if attrs.contains("string=\"true\"") {
+            Value::String(raw.to_string())
+        } else {
+            serde_json::from_str(raw.trim()).unwrap_or_else(|_| typed_value(raw, types.get(name, key)))
+        };
+        args.insert(key.to_string(), value);
+        rest = after[end + "</｜DSML｜parameter>".len()..].trim_start();
+    }
+    Some(ToolCall { name: name.to_string(), arguments: args })
+}
+
+/// What follows the first `[TOOL_CALLS]`: `NAME[ARGS]{JSON}` items separated by further
+/// `[TOOL_CALLS]`, or (older Mistral models) one JSON list of `{"name", "arguments"}`.
+fn mistral_calls(body: &str) -> Option<Vec<ToolCall>> {
+    let body = body.trim();
+    if body.starts_with('[') {
+        return super::tool_call::parse_tool_call_body(body, &ParamTypes::default());
+    }
+    body.split(MISTRAL_OPEN)
+        .map(|item| {
+            let (name, args) = item.split_once("[ARGS]")?;
+            let name = name.trim();
+            name_ok(name).then_some(())?;
+            Some(ToolCall { name: name.to_string(), arguments: json_args(args)? })
+        })
+        .collect()
 }

@@ -14,8 +14,9 @@
 //!   (also without the `<tool_call>` wrapper when the chat template uses this format).
 //! - GLM-4.5: `<tool_call>f\n<arg_key>p</arg_key>\n<arg_value>value</arg_value>\n</tool_call>`
 //!
-//! and the markup of families without `<tool_call>` tags ([`ToolMarkup`]: DeepSeek V3.1/V3.2,
-//! Kimi K2, MiniMax-M2), whose whole section of calls is held and parsed the same way.
+//! and the markup of families without `<tool_call>` tags ([`ToolMarkup`]: DeepSeek V3.1,
+//! DeepSeek V3.2/V4 DSML, Kimi K2, MiniMax-M2, Mistral), whose whole section of calls is held
+//! and parsed the same way.
 
 mod families;
 mod tool_call;
@@ -248,7 +249,8 @@ impl OutputParser {
             }
             Mode::ToolCall { open } => {
                 let close = close_marker(open);
-                let Some(i) = self.buf.find(close) else {
+                // A section that only the end of the output closes is decided in `finish`.
+                let Some(i) = self.buf.find(close).filter(|_| !close.is_empty()) else {
                     return false;
                 };
                 let body = self.buf[..i].to_string();
@@ -270,10 +272,11 @@ impl OutputParser {
         if !self.opts.tools || self.opts.raw {
             return vec![];
         }
-        match (self.opts.markup.section(), self.opts.bare_function) {
-            (Some((open, _)), _) => vec![open],
-            (None, false) => vec![TOOL_OPEN],
-            (None, true) => vec![TOOL_OPEN, FUNCTION_OPEN],
+        let sections = self.opts.markup.sections();
+        match (sections.is_empty(), self.opts.bare_function) {
+            (false, _) => sections.iter().map(|(open, _)| *open).collect(),
+            (true, false) => vec![TOOL_OPEN],
+            (true, true) => vec![TOOL_OPEN, FUNCTION_OPEN],
         }
     }
 
@@ -319,11 +322,7 @@ fn close_marker(open: &'static str) -> &'static str {
     match open {
         TOOL_OPEN => TOOL_CLOSE,
         FUNCTION_OPEN => FUNCTION_CLOSE,
-        _ => [ToolMarkup::DeepSeek, ToolMarkup::Kimi, ToolMarkup::MiniMax]
-            .into_iter()
-            .filter_map(ToolMarkup::section)
-            .find(|(o, _)| *o == open)
-            .map_or(TOOL_CLOSE, |(_, c)| c),
+        _ => ToolMarkup::all_sections().find(|(o, _)| *o == open).map_or(TOOL_CLOSE, |(_, c)| c),
     }
 }
 

@@ -289,3 +289,24 @@ fn minimax_invokes_typed_by_the_schema() {
     let cut = "<minimax:tool_call>\n<invoke name=\"search\"><parameter name=\"q\">ru";
     check(&o, cut, &[Parsed::Text(cut.into())]);
 }
+
+#[test]
+fn dsml_invokes_with_string_and_json_values() {
+    let o = ParserOptions { markup: ToolMarkup::Dsml, ..opts(true, true) };
+    let out = "<think>go</think>\n\n<｜DSML｜function_calls>\n<｜DSML｜invoke name=\"search\">\n<｜DSML｜parameter name=\"q\" string=\"true\">42 apples</｜DSML｜parameter>\n<｜DSML｜parameter name=\"limit\" string=\"false\">5</｜DSML｜parameter>\n<｜DSML｜parameter name=\"tags\" string=\"false\">[\"a\", \"b\"]</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜function_calls>";
+    check(&o, out, &[Parsed::Reasoning("go".into()), call("search", json!({"q": "42 apples", "limit": 5, "tags": ["a", "b"]}))]);
+    // DeepSeek V4 names the block `tool_calls`.
+    let v4 = "<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"ls\">\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>";
+    check(&o, v4, &[call("ls", json!({}))]);
+}
+
+#[test]
+fn mistral_calls_run_to_the_end_of_the_output() {
+    let o = ParserOptions { markup: ToolMarkup::Mistral, ..opts(false, true) };
+    let two = "Sure.[TOOL_CALLS]get_weather[ARGS]{\"city\": \"Rome\"}[TOOL_CALLS]ls[ARGS]{}";
+    check(&o, two, &[Parsed::Text("Sure.".into()), call("get_weather", json!({"city": "Rome"})), call("ls", json!({}))]);
+    let list = "[TOOL_CALLS][{\"name\": \"ls\", \"arguments\": {\"dir\": \"/\"}}]";
+    check(&o, list, &[call("ls", json!({"dir": "/"}))]);
+    let cut = "[TOOL_CALLS]get_weather[ARGS]{\"ci";
+    check(&o, cut, &[Parsed::Text(cut.into())]);
+}
