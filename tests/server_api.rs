@@ -6,7 +6,7 @@ mod server_common;
 
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
-use ft_actor::server::{app, AppState, ServerSettings};
+use ft_actor::server::{app, AppState, ServerSettings, ToolParser};
 use serde_json::{json, Value};
 use server_common::test_engine_config;
 use std::sync::OnceLock;
@@ -18,6 +18,8 @@ struct Fixture {
     keyed: AppState,
     /// `max_tokens_limit` 4.
     capped: AppState,
+    /// The demo model's tool calls read (and forced) in each family's markup.
+    markups: Vec<(ToolParser, AppState)>,
 }
 
 /// One engine for the whole file (model loading is the slow part), two server states on it.
@@ -25,16 +27,20 @@ fn fixture() -> &'static Fixture {
     static F: OnceLock<Fixture> = OnceLock::new();
     F.get_or_init(|| {
         let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
-        let (open, keyed, capped) = rt.block_on(async {
+        let (open, keyed, capped, markups) = rt.block_on(async {
             let engine = ft_actor::engine::Engine::spawn(test_engine_config(), None).await.expect("engine");
             let small = ServerSettings { max_body_bytes: 64 * 1024, ..ServerSettings::default() };
             let open = AppState::new(engine.clone(), small).expect("state");
             let keyed = AppState::new(engine.clone(), ServerSettings { api_key: Some("s3cret".into()), ..ServerSettings::default() })
                 .expect("state");
-            let capped = AppState::new(engine, ServerSettings { max_tokens_limit: Some(4), ..ServerSettings::default() }).expect("state");
-            (open, keyed, capped)
+            let capped = AppState::new(engine.clone(), ServerSettings { max_tokens_limit: Some(4), ..ServerSettings::default() }).expect("state");
+            let markups = [ToolParser::Deepseek, ToolParser::Kimi, ToolParser::Mistral, ToolParser::Minimax]
+                .into_iter()
+                .map(|p| (p, AppState::new(engine.clone(), ServerSettings { tool_parser: p, ..ServerSettings::default() }).expect("state")))
+                .collect();
+            (open, keyed, capped, markups)
         });
-        Fixture { rt, open, keyed, capped }
+        Fixture { rt, open, keyed, capped, markups }
     })
 }
 
@@ -466,6 +472,31 @@ fn the_servers_token_limit_clamps_every_request() {
     // Without the limit the same request runs to what it asked.
     let o = post("/v1/chat/completions", &chat(json!({"max_tokens": 6, "ignore_eos": true, "messages": [{"role": "user", "content": "hi"}]})));
     assert_eq!(o.body["usage"]["completion_tokens"], 6, "{}", o.text);
+}
+
+/// A forced call is written in the served model's own markup (the grammar) and read back by
+/// its parser, on both APIs; a markup whose parameters are not JSON refuses it clearly.
+#[test]
+fn forced_calls_in_each_familys_markup() {
+    for (parser, state) in &fixture().markups {
+        let mut body = chat(json!({"tools": [weather_tool()], "tool_choice": "required", "max_tokens": 200}));
+        body["messages"] = json!([{"role": "user", "content": "weather?"}]);
+        let o = call_with(state, "POST", "/v1/chat/completions", JSON, body.to_string().into_bytes());
+        if *parser == ToolParser::Minimax {
+            openai_error(&o, 400, Some("tool_choice"));
+            continue;
+        }
+        assert_eq!(o.status, StatusCode::OK, "{parser:?}: {}", o.text);
+        let c = &o.body["choices"][0];
+        assert_eq!(c["finish_reason"], "tool_calls", "{parser:?}: {}", o.text);
+        let call = &c["message"]["tool_calls"][0]["function"];
+        assert_eq!(call["name"], "get_weather", "{parser:?}");
+        assert_weather_args(&serde_json::from_str(call["arguments"].as_str().expect("arguments")).expect("JSON arguments"));
+        let m = message(json!({"tools": [{"name": "get_weather", "input_schema": weather_tool()["function"]["parameters"]}],
+            "tool_choice": {"type": "tool", "name": "get_weather"}, "max_tokens": 200}));
+        let o = call_with(state, "POST", "/v1/messages", JSON, m.to_string().into_bytes());
+        assert_eq!(o.body["stop_reason"], "tool_use", "{parser:?}: {}", o.text);
+    }
 }
 
 #[test]

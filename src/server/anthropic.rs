@@ -73,7 +73,7 @@ pub async fn messages(State(state): State<AppState>, headers: HeaderMap, body: B
     let req: Request = parse_request(body)?;
     state.check_model(req.model.as_deref())?;
     let mut conv = conversation(req.system.as_ref(), &req.messages, &req.tools, req.tool_choice.as_ref(), req.thinking.as_ref())?;
-    let grammar = super::constrain::tool_call(req.tool_choice.as_ref(), &conv.tools, state.format.tools)?;
+    let grammar = super::constrain::tool_call(req.tool_choice.as_ref(), &conv.tools, &state.format)?;
     if grammar.is_some() {
         // A forced call starts the answer: no thinking block before it (as the API itself
         // does not allow extended thinking with a forced tool_choice).

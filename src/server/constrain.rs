@@ -1,9 +1,11 @@
 //! What a request forces the output to be, as a grammar for constrained decoding:
 //! `response_format` (`json_object`, `json_schema`) and a forced tool call (`tool_choice`
 //! `required` / `any` or a named tool), written the way the tool-call parser reads it back
-//! (`<tool_call>{"name": …, "arguments": …}</tool_call>`), with the tool's JSON schema for
-//! the arguments.
+//! (`<tool_call>{"name": …, "arguments": …}</tool_call>`, or the DeepSeek, Kimi and Mistral
+//! markup), with the tool's JSON schema for the arguments.
 
+use super::parsers::ToolMarkup;
+use super::prompt::ModelFormat;
 use super::ApiError;
 use crate::sampling::grammar::GrammarSpec;
 use serde_json::{json, Value};
@@ -40,14 +42,14 @@ fn forced(choice: Option<&Value>) -> Option<Option<String>> {
     }
 }
 
-/// The grammar of a forced tool call over the template's `tools` (OpenAI function shape),
-/// or `None` when the choice leaves the model free.
-pub fn tool_call(choice: Option<&Value>, tools: &[Value], tool_format: bool) -> Result<Option<GrammarSpec>, ApiError> {
+/// The grammar of a forced tool call over the template's `tools` (OpenAI function shape) in
+/// the served model's markup `format`, or `None` when the choice leaves the model free.
+pub fn tool_call(choice: Option<&Value>, tools: &[Value], format: &ModelFormat) -> Result<Option<GrammarSpec>, ApiError> {
     let Some(name) = forced(choice) else { return Ok(None) };
-    if !tool_format {
+    if !format.tools {
         return Err(ApiError::invalid("tool_choice", "this model's chat template has no tool-call format, so a tool call cannot be forced"));
     }
-    let calls: Vec<Value> = tools
+    let offered: Vec<(&str, Value)> = tools
         .iter()
         .filter_map(|t| {
             let f = t.get("function")?;
@@ -55,25 +57,51 @@ pub fn tool_call(choice: Option<&Value>, tools: &[Value], tool_format: bool) -> 
             if name.as_deref().is_some_and(|want| want != n) {
                 return None;
             }
-            let params = f.get("parameters").filter(|p| p.is_object()).cloned().unwrap_or_else(|| json!({"type": "object"}));
-            Some(json!({
-                "type": "object",
-                "properties": {"name": {"const": n}, "arguments": params},
-                "required": ["name", "arguments"],
-                "additionalProperties": false,
-            }))
+            Some((n, f.get("parameters").filter(|p| p.is_object()).cloned().unwrap_or_else(|| json!({"type": "object"}))))
         })
         .collect();
-    if calls.is_empty() {
+    if offered.is_empty() {
         return Err(ApiError::invalid("tool_choice", "no tool to call: the request offers none (or not the one named)"));
     }
-    let schema = crate::sampling::grammar::compact_json(if calls.len() == 1 { calls[0].clone() } else { json!({"anyOf": calls}) });
-    Ok(Some(GrammarSpec::Lark(format!("start: \"<tool_call>\\n\" call \"\\n</tool_call>\"\ncall: %json {schema}\n"))))
+    let compact = crate::sampling::grammar::compact_json;
+    let lit = |s: &str| Value::String(s.to_string()).to_string();
+    // One alternative per tool: (text before the arguments, text after), in the markup the
+    // parser reads back.
+    let around = |n: &str| -> Option<(String, String)> {
+        Some(match format.markup {
+            ToolMarkup::DeepSeek => (format!("<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>{n}<｜tool▁sep｜>"), "<｜tool▁call▁end｜><｜tool▁calls▁end｜>".into()),
+            ToolMarkup::Kimi => (format!("<|tool_calls_section_begin|><|tool_call_begin|>functions.{n}:0<|tool_call_argument_begin|>"), "<|tool_call_end|><|tool_calls_section_end|>".into()),
+            ToolMarkup::Mistral => (format!("[TOOL_CALLS]{n}[ARGS]"), String::new()),
+            ToolMarkup::ToolCallTags | ToolMarkup::MiniMax | ToolMarkup::Dsml => return None,
+        })
+    };
+    if format.markup == ToolMarkup::ToolCallTags {
+        let calls: Vec<Value> = offered
+            .iter()
+            .map(|(n, params)| json!({"type": "object", "properties": {"name": {"const": n}, "arguments": params}, "required": ["name", "arguments"], "additionalProperties": false}))
+            .collect();
+        let schema = compact(if calls.len() == 1 { calls[0].clone() } else { json!({"anyOf": calls}) });
+        return Ok(Some(GrammarSpec::Lark(format!("start: \"<tool_call>\\n\" call \"\\n</tool_call>\"\ncall: %json {schema}\n"))));
+    }
+    let mut rules = vec![];
+    for (i, (n, params)) in offered.iter().enumerate() {
+        let Some((before, after)) = around(n) else {
+            return Err(ApiError::invalid("tool_choice", format!("a forced call is not supported in this model's {:?} tool-call markup (its parameters are not JSON); use tool_choice auto", format.markup)));
+        };
+        let tail = if after.is_empty() { String::new() } else { format!(" {}", lit(&after)) };
+        rules.push(format!("call{i}: {} args{i}{tail}\nargs{i}: %json {}\n", lit(&before), compact(params.clone())));
+    }
+    let start = (0..offered.len()).map(|i| format!("call{i}")).collect::<Vec<_>>().join(" | ");
+    Ok(Some(GrammarSpec::Lark(format!("start: {start}\n{}", rules.concat()))))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn tags() -> ModelFormat {
+        ModelFormat { tools: true, ..ModelFormat::default() }
+    }
 
     fn tools() -> Vec<Value> {
         ["a", "b"].iter().map(|n| json!({"type": "function", "function": {"name": n, "parameters": {"type": "object", "properties": {"x": {"type": "integer"}}}}})).collect()
@@ -81,15 +109,15 @@ mod tests {
 
     #[test]
     fn forced_calls_and_formats() {
-        assert_eq!(tool_call(Some(&json!("auto")), &tools(), true).unwrap(), None);
-        assert_eq!(tool_call(None, &tools(), true).unwrap(), None);
-        let Some(GrammarSpec::Lark(g)) = tool_call(Some(&json!("required")), &tools(), true).unwrap() else { panic!() };
+        assert_eq!(tool_call(Some(&json!("auto")), &tools(), &tags()).unwrap(), None);
+        assert_eq!(tool_call(None, &tools(), &tags()).unwrap(), None);
+        let Some(GrammarSpec::Lark(g)) = tool_call(Some(&json!("required")), &tools(), &tags()).unwrap() else { panic!() };
         assert!(g.contains("anyOf") && g.contains("\"const\":\"a\"") && g.contains("\"const\":\"b\""), "{g}");
         let named = json!({"type": "function", "function": {"name": "b"}});
-        let Some(GrammarSpec::Lark(g)) = tool_call(Some(&named), &tools(), true).unwrap() else { panic!() };
+        let Some(GrammarSpec::Lark(g)) = tool_call(Some(&named), &tools(), &tags()).unwrap() else { panic!() };
         assert!(!g.contains("anyOf") && g.contains("\"const\":\"b\""), "{g}");
-        assert!(tool_call(Some(&json!({"type": "tool", "name": "zzz"})), &tools(), true).is_err());
-        assert!(tool_call(Some(&json!("any")), &tools(), false).is_err());
+        assert!(tool_call(Some(&json!({"type": "tool", "name": "zzz"})), &tools(), &tags()).is_err());
+        assert!(tool_call(Some(&json!("any")), &tools(), &ModelFormat::default()).is_err());
         assert_eq!(response_format(Some(&json!({"type": "text"}))).unwrap(), None);
         assert_eq!(response_format(Some(&json!({"type": "json_object"}))).unwrap(), Some(GrammarSpec::JsonSchema(json!({"type": "object"}))));
         let s = json!({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "integer"}, "strict": true}});

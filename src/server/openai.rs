@@ -84,7 +84,7 @@ pub async fn chat_completions(State(state): State<AppState>, body: Body) -> Resu
     };
     let tools = function_tools(req.tools.as_deref().unwrap_or_default(), "tools")?;
     let tools_off = tool_choice_off(req.tool_choice.as_ref(), &tools, "tool_choice")?;
-    let grammar = match super::constrain::tool_call(req.tool_choice.as_ref(), &tools, state.format.tools)? {
+    let grammar = match super::constrain::tool_call(req.tool_choice.as_ref(), &tools, &state.format)? {
         Some(g) => Some((g, "tool_choice")),
         None => super::constrain::response_format(req.response_format.as_ref())?.map(|g| (g, "response_format")),
     };

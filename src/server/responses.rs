@@ -107,7 +107,7 @@ pub async fn create(State(state): State<AppState>, body: Body) -> Result<Respons
     }
     let (tools, custom) = responses_tools(&req.tools)?;
     let tools_off = tool_choice_off(req.tool_choice.as_ref(), &tools, "tool_choice")?;
-    let grammar = match super::constrain::tool_call(req.tool_choice.as_ref(), &tools, state.format.tools)? {
+    let grammar = match super::constrain::tool_call(req.tool_choice.as_ref(), &tools, &state.format)? {
         Some(g) => Some((g, "tool_choice")),
         None => super::constrain::response_format(req.text.as_ref().and_then(|t| t.get("format")))
             .map_err(|e| ApiError { param: e.param.map(|p| p.replace("response_format", "text.format")), ..e })?
