@@ -148,41 +148,35 @@ fn kimi_call(inner: &str) -> Option<ToolCall> {
 /// `NAME">` then `<parameter name="P">VALUE</parameter>`…: values are text, typed by the
 /// tool's schema (the template writes non-strings as JSON).
 fn minimax_call(inner: &str, types: &ParamTypes) -> Option<ToolCall> {
-    let (name, mut rest) = inner.split_once("\">")?;
-    name_ok(name).then_some(())?;
-    let mut args = Map::new();
-    rest = rest.trim();
-    while !rest.is_empty() {
-        let after = rest.strip_prefix("<parameter name=\"")?;
-        let (key, after) = after.split_once("\">")?;
-        let end = after.find("</parameter>")?;
-        args.insert(key.to_string(), typed_value(&after[..end], types.get(name, key)));
-        rest = after[end + "</parameter>".len()..].trim_start();
-    }
-    Some(ToolCall { name: name.to_string(), arguments: args })
+    invoke(inner, "<parameter name=\"", "</parameter>", |name, key, _, raw| typed_value(raw, types.get(name, key)))
 }
 
 /// `NAME">` then `<｜DSML｜parameter name="P" string="true|false">VALUE</｜DSML｜parameter>`…:
 /// a `string="true"` value is the text itself, any other is JSON (typed by the schema when it
 /// does not parse).
 fn dsml_call(inner: &str, types: &ParamTypes) -> Option<ToolCall> {
-    let (name, mut rest) = inner.split_once("\">")?;
-    name_ok(name).then_some(())?;
-    let mut args = Map::new();
-    rest = rest.trim();
-    while !rest.is_empty() {
-        let after = rest.strip_prefix("<｜DSML｜parameter name=\"")?;
-        let (key, after) = after.split_once('"')?;
-        let (attrs, after) = after.split_once('>')?;
-        let end = after.find("</｜DSML｜parameter>")?;
-        let raw = &after[..end];
-        let value = if attrs.contains("string=\"true\"") {
+    invoke(inner, "<｜DSML｜parameter name=\"", "</｜DSML｜parameter>", |name, key, attrs, raw| {
+        if attrs.contains("string=\"true\"") {
             Value::String(raw.to_string())
         } else {
             serde_json::from_str(raw.trim()).unwrap_or_else(|_| typed_value(raw, types.get(name, key)))
-        };
-        args.insert(key.to_string(), value);
-        rest = after[end + "</｜DSML｜parameter>".len()..].trim_start();
+        }
+    })
+}
+
+/// An `<invoke name="` item's inside: `NAME">` then parameters `open KEY"ATTRS>RAW close`,
+/// each value made by `value(name, key, attrs, raw)`.
+fn invoke(inner: &str, open: &str, close: &str, value: impl Fn(&str, &str, &str, &str) -> Value) -> Option<ToolCall> {
+    let (name, rest) = inner.split_once("\">")?;
+    name_ok(name).then_some(())?;
+    let mut args = Map::new();
+    let mut rest = rest.trim();
+    while !rest.is_empty() {
+        let (key, after) = rest.strip_prefix(open)?.split_once('"')?;
+        let (attrs, after) = after.split_once('>')?;
+        let end = after.find(close)?;
+        args.insert(key.to_string(), value(name, key, attrs, &after[..end]));
+        rest = after[end + close.len()..].trim_start();
     }
     Some(ToolCall { name: name.to_string(), arguments: args })
 }
