@@ -39,50 +39,11 @@ pub trait Encoder: Send + 'static {
     }
 }
 
-struct Driver<E> {
-    run: Option<Run>,
-    enc: E,
-    started: bool,
-}
-
 /// Streams `run` through `enc`. When the client disconnects, the body is dropped, which
 /// drops the run and cancels the generation.
 pub fn response<E: Encoder>(run: Run, enc: E) -> Response {
-    let driver = Driver { run: Some(run), enc, started: false };
-    let stream = futures_util::stream::unfold(driver, |mut d| async move {
-        if !d.started {
-            d.started = true;
-            let s = d.enc.start();
-            return Some((Ok::<_, Infallible>(s), d));
-        }
-        loop {
-            let run = d.run.as_mut()?;
-            let frame = match run.next().await {
-                Some(Step::Output(items)) => {
-                    let lp = run.take_logprobs();
-                    if !lp.is_empty() {
-                        d.enc.logprobs(lp);
-                    }
-                    d.enc.output(items)
-                }
-                Some(Step::Idle) => d.enc.idle(),
-                Some(Step::Done(o)) => {
-                    d.run = None;
-                    d.enc.done(o)
-                }
-                Some(Step::Failed(e)) => {
-                    d.run = None;
-                    d.enc.failed(e)
-                }
-                None => return None,
-            };
-            // An empty chunk could read as the end of a chunked body: skip it.
-            if !frame.is_empty() {
-                return Some((Ok(frame), d));
-            }
-        }
-    });
-    event_stream(Body::from_stream(stream))
+    // One choice: its encoder's own end closes the stream.
+    response_many(vec![run], vec![enc], |_| String::new())
 }
 
 /// Streams several runs (the choices of one request), each through its own encoder, their

@@ -94,14 +94,10 @@ pub fn matmul(
     let work = need(need(n, k, "n·k")?, m, "n·k·m")?;
     let threads = pool.current_num_threads();
     let serial = threads <= 1 || work < PARALLEL_MIN_WORK || m < 2 * CHUNK_ROWS;
+    let checked = |w| whole_rows(w, out.len(), n, m, k, dtype);
     if let Some(xb) = bf16_activations(level, dot, x, n, k, dtype)? {
         let rb = dtype.row_bytes(k);
-        let w = w.get(..need(m, rb, "weight bytes")?).ok_or_else(|| {
-            shape_err(format!("{dtype} matmul of {m} rows × k={k}: weights hold {} bytes", w.len()))
-        })?;
-        if out.len() < need(n, m, "n·m")? {
-            return Err(shape_err(format!("matmul output holds {}, need {n}×{m}", out.len())));
-        }
+        let w = checked(w)?;
         let run = |r: Range<usize>, o: &mut [f32]| -> Result<()> {
             if dtype.is_quantized() {
                 return super::quant::block_bf16(level, &xb, n, k, &w[r.start * rb..], dtype, r.len(), o, r.len());
@@ -117,16 +113,11 @@ pub fn matmul(
     if dtype.is_quantized() {
         // Padding, sub-block sums and int8 codes are made once, not once per row chunk.
         if let Some(prep) = Prepared::new(level, dot, x, k, n, k, dtype)? {
-            if out.len() < need(n, m, "n·m")? {
-                return Err(shape_err(format!("matmul output holds {}, need {n}×{m}", out.len())));
-            }
+            let w = checked(w)?;
             if serial {
                 return prep.run(w, m, out, m);
             }
             let rb = dtype.row_bytes(k);
-            let w = w.get(..need(m, rb, "weight bytes")?).ok_or_else(|| {
-                shape_err(format!("{dtype} matmul of {m} rows × k={k}: weights hold {} bytes", w.len()))
-            })?;
             return split_rows(pool, n, m, out, |r, o| prep.run(&w[r.start * rb..], r.len(), o, r.len()));
         }
     }
@@ -144,6 +135,16 @@ pub fn matmul(
         )));
     }
     split_rows(pool, n, m, out, |r, o| matmul_rows(level, x, n, k, w, dtype, r, o))
+}
+
+/// The `m` rows of `w` after checking that they and the `[n, m]` output are there: checked
+/// once, so that the per-chunk kernels taking row ranges cannot fail half-way through.
+fn whole_rows(w: &[u8], out_len: usize, n: usize, m: usize, k: usize, dtype: DType) -> Result<&[u8]> {
+    if out_len < need(n, m, "n·m")? {
+        return Err(shape_err(format!("matmul output holds {out_len}, need {n}×{m}")));
+    }
+    w.get(..need(m, dtype.row_bytes(k), "weight bytes")?)
+        .ok_or_else(|| shape_err(format!("{dtype} matmul of {m} rows × k={k}: weights hold {} bytes", w.len())))
 }
 
 /// `x` rounded to bf16 when this product runs on `vdpbf16ps` (reduced-precision activations

@@ -95,35 +95,12 @@ pub(crate) fn block(
     if let Some(prep) = Prepared::new(level, dot, x, xs, n, k, dtype)? {
         return prep.run(w, nrows, out, os);
     }
-    let (rb, kp) = (dtype.row_bytes(k), dtype.padded(k));
-    let mut scratch = vec![0f32; CHUNK_ROWS.min(nrows) * kp];
-    for c0 in (0..nrows).step_by(CHUNK_ROWS) {
-        let cr = CHUNK_ROWS.min(nrows - c0);
-        for r in 0..cr {
-            decode_row(
-                level,
-                &w[(c0 + r) * rb..][..rb],
-                dtype,
-                &mut scratch[r * kp..][..kp],
-            );
-        }
-        let bytes: &[u8] = bytemuck::cast_slice(&scratch[..cr * kp]);
+    let kp = dtype.padded(k);
+    decoded_chunks(level, k, w, dtype, nrows, |c0, rows| {
+        let cr = rows.len() / kp;
         // Padded tail values are decoded but never read: the f32 tiles stop at `k`.
-        super::gemv::block(
-            level,
-            x,
-            xs,
-            n,
-            k,
-            bytes,
-            DType::F32,
-            kp,
-            cr,
-            &mut out[c0..],
-            os,
-        )?;
-    }
-    Ok(())
+        super::gemv::block(level, x, xs, n, k, bytemuck::cast_slice(rows), DType::F32, kp, cr, &mut out[c0..], os)
+    })
 }
 
 /// [`block`] for a prefill against bf16 activations `xb` (`[n, k]`, contiguous): each chunk of
@@ -150,16 +127,37 @@ pub(crate) fn block_bf16(
             out.len()
         )));
     }
-    let (rb, kp) = (dtype.row_bytes(k), dtype.padded(k));
-    let mut row = vec![0f32; kp];
+    let kp = dtype.padded(k);
     let mut scratch = vec![0u16; CHUNK_ROWS.min(nrows) * k];
-    for c0 in (0..nrows).step_by(CHUNK_ROWS) {
-        let cr = CHUNK_ROWS.min(nrows - c0);
-        for r in 0..cr {
-            decode_row(level, &w[(c0 + r) * rb..][..rb], dtype, &mut row);
+    decoded_chunks(level, k, w, dtype, nrows, |c0, rows| {
+        let cr = rows.len() / kp;
+        for (r, row) in rows.chunks_exact(kp).enumerate() {
             super::gemv::round_bf16(&row[..k], &mut scratch[r * k..][..k]);
         }
         super::gemv::bf16_rows(xb, n, k, bytemuck::cast_slice(&scratch[..cr * k]), 0..cr, &mut out[c0..], os);
+        Ok(())
+    })
+}
+
+/// Dequantizes `nrows` rows of `w` ([`CHUNK_ROWS`] at a time, each row padded to whole blocks)
+/// and hands each chunk to `f(first row, decoded rows)`: the products then run on cache-hot
+/// f32 rows instead of block codes.
+fn decoded_chunks(
+    level: SimdLevel,
+    k: usize,
+    w: &[u8],
+    dtype: DType,
+    nrows: usize,
+    mut f: impl FnMut(usize, &[f32]) -> Result<()>,
+) -> Result<()> {
+    let (rb, kp) = (dtype.row_bytes(k), dtype.padded(k));
+    let mut scratch = vec![0f32; CHUNK_ROWS.min(nrows) * kp];
+    for c0 in (0..nrows).step_by(CHUNK_ROWS) {
+        let cr = CHUNK_ROWS.min(nrows - c0);
+        for (r, row) in scratch.chunks_exact_mut(kp).take(cr).enumerate() {
+            decode_row(level, &w[(c0 + r) * rb..][..rb], dtype, row);
+        }
+        f(c0, &scratch[..cr * kp])?;
     }
     Ok(())
 }
