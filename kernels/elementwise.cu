@@ -6,6 +6,7 @@
 #define OP_MUL_SIGMOID 2
 #define OP_SWIGLU 3
 #define OP_CLAMPED_SWIGLU 4
+#define OP_LIMITED_SWIGLU 5
 
 extern "C" __global__ void binary_f32(float* a, const float* __restrict__ b, u64 n, u32 op,
                                       float alpha, float limit) {
@@ -18,6 +19,11 @@ extern "C" __global__ void binary_f32(float* a, const float* __restrict__ b, u64
             case OP_MUL: r = x * y; break;
             case OP_MUL_SIGMOID: r = x * sigmoidf_(y); break;
             case OP_SWIGLU: r = x * sigmoidf_(x) * y; break;
+            case OP_LIMITED_SWIGLU: {
+                float g = fminf(x, limit);
+                r = g * sigmoidf_(g) * fminf(fmaxf(y, -limit), limit);
+                break;
+            }
             default: {
                 float g = fminf(x, limit);
                 float u = fminf(fmaxf(y, -limit), limit);

@@ -2,7 +2,7 @@
 
 struct Params {
     n: u32,
-    op: u32,    // binary: 0 add, 1 mul, 2 mul_sigmoid, 3 swiglu, 4 clamped swiglu
+    op: u32,    // binary: 0 add, 1 mul, 2 mul_sigmoid, 3 swiglu, 4 clamped swiglu, 5 limited swiglu
     f0: f32,    // scale factor, or clamped SwiGLU's alpha
     f1: f32,    // clamped SwiGLU's limit
     cols: u32,  // softmax row length
@@ -29,6 +29,10 @@ fn binary(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: v
         case 1u: { r = x * y; }
         case 2u: { r = x * sigmoid(y); }
         case 3u: { r = x * sigmoid(x) * y; }
+        case 5u: {
+            let gl = min(x, p.f1);
+            r = gl * sigmoid(gl) * clamp(y, -p.f1, p.f1);
+        }
         default: {
             let gg = min(x, p.f1);
             let uu = clamp(y, -p.f1, p.f1);

@@ -8,7 +8,7 @@
 
 pub mod reuse;
 
-use crate::model::config::LayerKind;
+use crate::model::config::{LayerKind, V4Attention};
 use crate::model::{Model, ModelError};
 use ft_backend::{Backend, BufferUsage, CopyDesc, DType, DeviceBuffer, StreamId};
 use std::sync::Arc;
@@ -34,6 +34,20 @@ pub enum LayerState {
         conv: DeviceBuffer,
         /// The delta-rule state, `[v_heads, k_head_dim, v_head_dim]`.
         state: DeviceBuffer,
+    },
+    /// DeepSeek-V4: the shared key/value rows of every token (attention reads the last
+    /// `sliding_window`), the compressed entries and, for CSA, the indexer's keys (entry `w` at
+    /// row `w`, one per `rate` tokens), and the compressors' carried state (the rows of the
+    /// window not yet complete, the previous window's overlap), which cannot be rolled back.
+    Compressed {
+        /// `[capacity, head_dim]` rotated K=V rows.
+        kv: DeviceBuffer,
+        /// `[capacity, head_dim]` compressed entries (CSA and HCA layers).
+        entries: Option<DeviceBuffer>,
+        /// `[capacity, index_head_dim]` indexer keys (CSA layers).
+        index_keys: Option<DeviceBuffer>,
+        /// Fixed-size compressor (then indexer) carry, f32.
+        carry: Option<DeviceBuffer>,
     },
 }
 
@@ -154,6 +168,10 @@ impl SequenceState {
         let be = model.backend();
         let alloc = |len: usize| be.alloc(DType::F32, len, BufferUsage::Kv);
         let alloc_kv = |len: usize| be.alloc(dtype, len, BufferUsage::Kv);
+        if let Some(v4) = &cfg.v4 {
+            let layers = v4_layers(cfg, v4, rows, &alloc, &alloc_kv)?;
+            return Ok(SequenceState { layers, len: 0, capacity, allocated: rows, backend: model.backend_arc() });
+        }
         let layers = (0..cfg.num_layers)
             .map(|i| {
                 Ok(match (cfg.layer_kinds[i], &cfg.mla, &cfg.linear_attn) {
@@ -237,6 +255,12 @@ impl SequenceState {
                     *kv = next()?;
                 }
                 LayerState::Recurrent { .. } => {}
+                LayerState::Compressed { kv, entries, index_keys, .. } => {
+                    *kv = next()?;
+                    for b in [entries, index_keys].into_iter().flatten() {
+                        *b = next()?;
+                    }
+                }
             }
         }
         tracing::trace!("sequence state grown from {old} to {rows} rows");
@@ -247,7 +271,7 @@ impl SequenceState {
     /// Whether some layer keeps recurrent state, which summarises all tokens and so cannot
     /// be rolled back (restore a [`StateSnapshot`] instead).
     pub fn has_recurrent_layers(&self) -> bool {
-        self.layers.iter().any(|l| matches!(l, LayerState::Recurrent { .. }))
+        self.layers.iter().any(|l| matches!(l, LayerState::Recurrent { .. } | LayerState::Compressed { carry: Some(_), .. }))
     }
 
     /// Forgets everything after the first `len` tokens. Attention and latent caches roll
@@ -283,6 +307,14 @@ impl SequenceState {
                     out.push((conv, Extent::Fixed));
                     out.push((state, Extent::Fixed));
                 }
+                LayerState::Compressed { kv, entries, index_keys, carry } => {
+                    for b in [Some(kv), entries.as_ref(), index_keys.as_ref()].into_iter().flatten() {
+                        out.push((b, Extent::PerToken(b.len() / capacity)));
+                    }
+                    if let Some(c) = carry {
+                        out.push((c, Extent::Fixed));
+                    }
+                }
             }
         }
         out
@@ -300,6 +332,12 @@ impl SequenceState {
                 LayerState::Recurrent { conv, state } => {
                     out.push(conv);
                     out.push(state);
+                }
+                LayerState::Compressed { kv, entries, index_keys, carry } => {
+                    out.push(kv);
+                    out.extend(entries.as_mut());
+                    out.extend(index_keys.as_mut());
+                    out.extend(carry.as_mut());
                 }
             }
         }
@@ -409,6 +447,10 @@ impl SequenceState {
     /// Bytes of cache in `dtype` that grow with each token of context, for `model`.
     pub fn bytes_per_token_as(model: &Model, dtype: DType) -> usize {
         let c = model.config();
+        if let Some(v4) = &c.v4 {
+            // V4 state is always f32 (the attention reads it on the host).
+            return v4.attention.iter().map(|k| v4_widths(c, v4, *k).0).sum::<usize>() * DType::F32.size();
+        }
         let per_layer = |kind: LayerKind| match (kind, &c.mla) {
             (LayerKind::LinearAttention, _) => 0,
             (_, Some(m)) => m.cache_width(),
@@ -420,7 +462,48 @@ impl SequenceState {
     /// Bytes of fixed-size (recurrent) state per sequence, for `model`.
     pub fn fixed_bytes(model: &Model) -> usize {
         let c = model.config();
+        if let Some(v4) = &c.v4 {
+            return v4.attention.iter().map(|k| v4_widths(c, v4, *k).1).sum::<usize>() * DType::F32.size();
+        }
         let per_layer = c.linear_attn.map_or(0, |l| (l.conv_kernel - 1) * l.conv_dim() + l.state_len());
         c.num_layers_of(LayerKind::LinearAttention) * per_layer * DType::F32.size()
     }
+}
+
+/// Per-token and fixed f32 elements of one DeepSeek-V4 layer's state: K=V rows, then entries
+/// and indexer keys (allocated a row per token, of which one per `rate` is used), and the carry.
+fn v4_widths(c: &crate::model::ModelConfig, v4: &crate::model::config::V4Config, kind: V4Attention) -> (usize, usize) {
+    use crate::model::deepseek_v4::carry_len;
+    let hd = c.head_dim;
+    match kind {
+        V4Attention::Sliding => (hd, 0),
+        V4Attention::HeavilyCompressed => (2 * hd, carry_len(v4.hca_rate, hd, false)),
+        V4Attention::CompressedSparse => {
+            (2 * hd + v4.index_head_dim, carry_len(v4.csa_rate, hd, true) + carry_len(v4.csa_rate, v4.index_head_dim, true))
+        }
+    }
+}
+
+/// Fresh DeepSeek-V4 layer states of `rows` rows (always f32: the attention reads them on the host).
+fn v4_layers(
+    c: &crate::model::ModelConfig,
+    v4: &crate::model::config::V4Config,
+    rows: usize,
+    alloc: &dyn Fn(usize) -> Result<DeviceBuffer, ft_backend::BackendError>,
+    _alloc_kv: &dyn Fn(usize) -> Result<DeviceBuffer, ft_backend::BackendError>,
+) -> Result<Vec<LayerState>, ModelError> {
+    v4.attention
+        .iter()
+        .map(|&kind| {
+            let hd = c.head_dim;
+            let (_, fixed) = v4_widths(c, v4, kind);
+            let compressed = kind != V4Attention::Sliding;
+            Ok(LayerState::Compressed {
+                kv: alloc(rows * hd)?,
+                entries: if compressed { Some(alloc(rows * hd)?) } else { None },
+                index_keys: if kind == V4Attention::CompressedSparse { Some(alloc(rows * v4.index_head_dim)?) } else { None },
+                carry: if fixed > 0 { Some(alloc(fixed)?) } else { None },
+            })
+        })
+        .collect()
 }

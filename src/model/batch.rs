@@ -42,7 +42,7 @@ impl BatchItem<'_> {
     }
 
     /// Rows of this item's logits, relative to its first token.
-    fn logit_rows(&self) -> std::ops::Range<usize> {
+    pub(crate) fn logit_rows(&self) -> std::ops::Range<usize> {
         let t = self.tokens.len();
         match self.logits {
             Logits::None => t..t,
@@ -74,6 +74,9 @@ impl Model {
         for item in items.iter_mut() {
             let needed = item.state.len() + item.tokens.len();
             item.state.reserve(needed)?;
+        }
+        if self.config().v4.is_some() {
+            return self.forward_batch_v4(items, trace, experts);
         }
         let cfg = self.config();
         let be = self.backend();
@@ -120,6 +123,7 @@ impl Model {
                     Mixer::Attention(w) => self.attention(w, cfg.layer_kinds[l], ls, pasts[n], &positions[n], xi, oi)?,
                     Mixer::Mla(w) => self.mla(w, ls, pasts[n], &positions[n], xi, oi)?,
                     Mixer::DeltaNet(w) => self.delta_net(w, ls, ti, xi, oi)?,
+                    Mixer::DeepseekV4(_) => return Err(ModelError::Invalid("a DeepSeek-V4 layer in another family's model".into())),
                 }
                 if let Some(o) = out {
                     let back = CopyDesc { src_offset: 0, dst_offset: offsets[n] * h, len: ti * h };

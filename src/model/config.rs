@@ -5,12 +5,14 @@
 //! transformers 5's `rope_parameters`), so parsing goes through a tolerant key lookup and
 //! every architecture-specific default is decided here, once.
 
+mod deepseek_v4;
 mod keys;
 mod layers;
 mod rope;
 #[cfg(test)]
 mod tests;
 
+pub use deepseek_v4::{V4Attention, V4Config};
 use ft_backend::BinaryOp;
 use keys::Keys;
 use layers::{layer_kinds, linear_attn_config, mla_config, mla_softmax_scale, moe_layer_map};
@@ -58,12 +60,16 @@ pub enum Arch {
     DeepseekV3,
     /// gpt-oss: sliding/full attention with sinks, top-k-then-softmax routing, clamped SwiGLU.
     GptOss,
+    /// DeepSeek-V4: hyper-connected residual streams, shared-KV attention over a sliding
+    /// window plus compressed entries (CSA with a lightning indexer, HCA), hash-routed and
+    /// `sqrtsoftplus`-scored MoE layers.
+    DeepseekV4,
 }
 
 impl Arch {
     /// `model_type` strings accepted, in the order they are listed to users.
-    pub const SUPPORTED: [&'static str; 8] =
-        ["qwen3_moe", "qwen2_moe", "mixtral", "glm4_moe", "qwen3_next", "qwen3_5_moe", "deepseek_v3", "gpt_oss"];
+    pub const SUPPORTED: [&'static str; 9] =
+        ["qwen3_moe", "qwen2_moe", "mixtral", "glm4_moe", "qwen3_next", "qwen3_5_moe", "deepseek_v3", "gpt_oss", "deepseek_v4"];
 
     /// The architecture for a `model_type`.
     pub fn from_model_type(s: &str) -> Option<Arch> {
@@ -77,6 +83,7 @@ impl Arch {
             "qwen3_5_moe" | "qwen3_5_moe_text" => Some(Arch::Qwen35Moe),
             "deepseek_v3" => Some(Arch::DeepseekV3),
             "gpt_oss" => Some(Arch::GptOss),
+            "deepseek_v4" => Some(Arch::DeepseekV4),
             _ => None,
         }
     }
@@ -92,6 +99,7 @@ impl Arch {
             Arch::Qwen35Moe => "qwen3_5_moe",
             Arch::DeepseekV3 => "deepseek_v3",
             Arch::GptOss => "gpt_oss",
+            Arch::DeepseekV4 => "deepseek_v4",
         }
     }
 
@@ -145,6 +153,9 @@ pub enum RoutingKind {
     SigmoidGroupLimited { n_group: usize, topk_group: usize },
     /// Top-k of the raw logits, then a softmax over the chosen ones only (gpt-oss).
     TopKSoftmax,
+    /// `sqrt(softplus(logit))` scores; top-k on `score + e_score_correction_bias`, weights
+    /// the unbiased scores (DeepSeek-V4).
+    SqrtSoftplus,
 }
 
 /// What a decoder layer mixes tokens with.
@@ -219,6 +230,8 @@ pub enum ExpertActivation {
     SwiGlu,
     /// gpt-oss: `min(gate, limit) · sigmoid(alpha · min(gate, limit)) · (clamp(up, ±limit) + 1)`.
     ClampedSwiGlu { alpha: f32, limit: f32 },
+    /// DeepSeek-V4: `silu(min(gate, limit)) · clamp(up, ±limit)`.
+    LimitedSwiGlu { limit: f32 },
 }
 
 impl ExpertActivation {
@@ -227,6 +240,7 @@ impl ExpertActivation {
         match self {
             ExpertActivation::SwiGlu => BinaryOp::SwiGlu,
             ExpertActivation::ClampedSwiGlu { alpha, limit } => BinaryOp::ClampedSwiGlu { alpha, limit },
+            ExpertActivation::LimitedSwiGlu { limit } => BinaryOp::LimitedSwiGlu { limit },
         }
     }
 }
@@ -306,6 +320,8 @@ pub struct ModelConfig {
     pub eos_token_ids: Vec<u32>,
     /// Beginning-of-sequence id, if the model has one.
     pub bos_token_id: Option<u32>,
+    /// DeepSeek-V4's own settings.
+    pub v4: Option<V4Config>,
 }
 
 impl ModelConfig {
@@ -353,13 +369,22 @@ impl ModelConfig {
             _ => None,
         };
         // transformers' DeepSeek config sets head_dim to the rotary part; RoPE uses it.
-        let head_dim = match mla {
-            Some(m) => m.qk_rope_head_dim,
-            None => k.usize_opt(&["head_dim"])?.unwrap_or(hidden_size / num_heads),
+        let head_dim = match (mla, arch) {
+            (Some(m), _) => m.qk_rope_head_dim,
+            (None, Arch::DeepseekV4) => k.usize_opt(&["head_dim"])?.unwrap_or(512),
+            (None, _) => k.usize_opt(&["head_dim"])?.unwrap_or(hidden_size / num_heads),
         };
-        // Qwen3.5-MoE has no dense FFN and its config no `intermediate_size`.
+        let v4 = match arch {
+            Arch::DeepseekV4 => {
+                let v = deepseek_v4::v4_config(&k, num_layers, head_dim)?;
+                deepseek_v4::check(&k, &v, num_heads, head_dim)?;
+                Some(v)
+            }
+            _ => None,
+        };
+        // Qwen3.5-MoE and DeepSeek-V4 have no dense FFN and their configs no `intermediate_size`.
         let intermediate_size = match arch {
-            Arch::Qwen35Moe => k.usize_opt(&["intermediate_size"])?.unwrap_or(0),
+            Arch::Qwen35Moe | Arch::DeepseekV4 => k.usize_opt(&["intermediate_size"])?.unwrap_or(0),
             _ => k.usize(&["intermediate_size"])?,
         };
         let num_experts = k.usize(&["num_experts", "num_local_experts", "n_routed_experts"])?;
@@ -387,6 +412,10 @@ impl ModelConfig {
             }
             Arch::Mixtral => (true, RoutingKind::SoftmaxTopK, 0, false),
             Arch::GptOss => (false, RoutingKind::TopKSoftmax, 0, false),
+            // Its routers always renormalise the chosen scores.
+            Arch::DeepseekV4 => {
+                (true, RoutingKind::SqrtSoftplus, k.usize_opt(&["n_shared_experts"])?.unwrap_or(1) * moe_intermediate_size, false)
+            }
             Arch::Glm4Moe | Arch::DeepseekV3 => {
                 let n_group = k.usize_opt(&["n_group"])?.unwrap_or(1).max(1);
                 let topk_group = k.usize_opt(&["topk_group"])?.unwrap_or(1).max(1);
@@ -404,14 +433,18 @@ impl ModelConfig {
         let moe_layers = moe_layer_map(arch, &k, num_layers)?;
         let layer_kinds = layer_kinds(arch, &k, num_layers)?;
         let linear_attn = if layer_kinds.contains(&LayerKind::LinearAttention) { Some(linear_attn_config(&k)?) } else { None };
-        let sliding_window = match arch {
-            Arch::GptOss => Some(k.usize_opt(&["sliding_window"])?.unwrap_or(128)),
+        let sliding_window = match (&v4, arch) {
+            (Some(v), _) => Some(v.sliding_window),
+            (None, Arch::GptOss) => Some(k.usize_opt(&["sliding_window"])?.unwrap_or(128)),
             _ => None,
         };
         if sliding_window == Some(0) {
             return Err(k.invalid("sliding_window", "must be at least 1"));
         }
-        let rope = rope::rope_config(obj, path, head_dim)?;
+        let rope = match &v4 {
+            Some(v) => v.rope_main.clone(),
+            None => rope::rope_config(obj, path, head_dim)?,
+        };
         let attention_bias = k.bool_opt(&["attention_bias"])?;
         let qkv_bias = match arch {
             Arch::Qwen2Moe => k.bool_opt(&["qkv_bias"])?.unwrap_or(true),
@@ -433,6 +466,7 @@ impl ModelConfig {
                 alpha: k.f32_opt(&["swiglu_alpha"])?.unwrap_or(1.702),
                 limit: k.f32_opt(&["swiglu_limit"])?.unwrap_or(7.0),
             },
+            Arch::DeepseekV4 => ExpertActivation::LimitedSwiGlu { limit: v4.as_ref().map_or(10.0, |v| v.swiglu_limit) },
             _ => ExpertActivation::SwiGlu,
         };
         let mut eos_token_ids = k.ids("eos_token_id")?;
@@ -472,7 +506,7 @@ impl ModelConfig {
             qkv_bias,
             qk_norm,
             attn_output_gate: arch.is_qwen3_next_family(),
-            attention_sinks: arch == Arch::GptOss,
+            attention_sinks: matches!(arch, Arch::GptOss | Arch::DeepseekV4),
             attention_scale,
             sliding_window,
             layer_kinds,
@@ -481,6 +515,7 @@ impl ModelConfig {
             moe_layers,
             eos_token_ids,
             bos_token_id,
+            v4,
         })
     }
 

@@ -28,8 +28,14 @@ pub struct Trace {
     pub router_logits: Vec<(usize, Vec<f32>)>,
     /// Per MoE layer index: the routing chosen.
     pub routing: Vec<(usize, Routing)>,
-    /// The residual stream after each layer, `[tokens, hidden]`.
+    /// The residual stream after each layer, `[tokens, hidden]` (DeepSeek-V4: `[tokens,
+    /// hc_mult, hidden]`).
     pub hidden: Vec<Vec<f32>>,
+    /// DeepSeek-V4, per CSA/HCA layer: every compressed entry so far, `[entries, head_dim]`.
+    pub compressed: Vec<(usize, Vec<f32>)>,
+    /// DeepSeek-V4, per CSA layer: the indexer's keys so far and, per new token, the entries
+    /// it attends to (best score first).
+    pub indexer: Vec<(usize, Vec<f32>, Vec<Vec<usize>>)>,
 }
 
 /// Computes the routed experts of one MoE layer for a batch of tokens.

@@ -68,6 +68,16 @@ fn mixer_parts(m: &Mixer) -> (Vec<&Linear>, Vec<&DeviceBuffer>) {
             };
             (vec![&d.out].into_iter().chain(l).collect(), vec![&d.conv, &d.a_log, &d.dt_bias, &d.norm])
         }
+        Mixer::DeepseekV4(w) => {
+            let mut l = vec![&w.q_a, &w.q_b, &w.kv, &w.o_a, &w.o_b];
+            for c in w.compressor.iter().chain(w.indexer.as_ref().map(|i| &i.compressor)) {
+                l.extend([&c.kv, &c.gate]);
+            }
+            if let Some(i) = &w.indexer {
+                l.extend([&i.q_b, &i.weights]);
+            }
+            (l, vec![])
+        }
     }
 }
 

@@ -7,6 +7,7 @@ pub mod hot;
 pub mod fallback;
 pub mod fault;
 pub mod batch;
+pub mod deepseek_v4;
 pub mod forward;
 pub mod generation_config;
 pub mod gguf;
@@ -85,6 +86,8 @@ pub struct Model {
     pub(crate) inv_freq: Vec<f32>,
     pub(crate) rope_scaling: f32,
     pub(crate) rotary_dim: usize,
+    /// DeepSeek-V4's final collapse of the residual streams.
+    pub(crate) hc_head: Option<deepseek_v4::HyperHead>,
     files: WeightFiles,
     /// Runs the ops the device has no kernel for.
     host_cpu: fallback::HostCpu,
@@ -113,13 +116,19 @@ impl Model {
         let prefix = load::weight_prefix(&files);
         let host_cpu = fallback::HostCpu::default();
         let mut loader = Loader { files: &files, quant: &quant, backend: backend.as_ref(), on_tensor: &mut on_tensor, host_cpu: &host_cpu };
-        let embed = loader.embedding(&format!("{prefix}embed_tokens.weight"), v, h)?;
-        let layers = (0..config.num_layers).map(|i| loader.layer(&config, prefix, i)).collect::<Result<Vec<_>, _>>()?;
-        let final_norm = loader.vector(&format!("{prefix}norm.weight"), h)?;
-        let lm_head = if config.tie_word_embeddings && !files.contains("lm_head.weight") {
-            embed.as_weight(backend.as_ref(), &host_cpu)?.map(|(w, host)| Linear { w, bias: None, out_dim: v, in_dim: h, host })
+        let (embed, layers, final_norm, lm_head, hc_head) = if config.arch == Arch::DeepseekV4 {
+            let p = deepseek_v4::load_top(&mut loader, &config)?;
+            (p.embed, p.layers, p.final_norm, Some(p.lm_head), Some(p.hc_head))
         } else {
-            Some(loader.linear("lm_head", v, h, false)?)
+            let embed = loader.embedding(&format!("{prefix}embed_tokens.weight"), v, h)?;
+            let layers = (0..config.num_layers).map(|i| loader.layer(&config, prefix, i)).collect::<Result<Vec<_>, _>>()?;
+            let final_norm = loader.vector(&format!("{prefix}norm.weight"), h)?;
+            let lm_head = if config.tie_word_embeddings && !files.contains("lm_head.weight") {
+                embed.as_weight(backend.as_ref(), &host_cpu)?.map(|(w, host)| Linear { w, bias: None, out_dim: v, in_dim: h, host })
+            } else {
+                Some(loader.linear("lm_head", v, h, false)?)
+            };
+            (embed, layers, final_norm, lm_head, None)
         };
         progress(total, total);
         let rotary_dim = config.rotary_dim();
@@ -140,6 +149,7 @@ impl Model {
             inv_freq,
             rope_scaling,
             rotary_dim,
+            hc_head,
             files,
             host_cpu,
         })

@@ -98,6 +98,15 @@ pub fn route(p: &RouterParams, logits: &[f32], n_tokens: usize, n_experts: usize
                 let w = chosen.iter().map(|&i| scores[i]).collect();
                 (chosen, w)
             }
+            RoutingKind::SqrtSoftplus => {
+                let scores: Vec<f32> = row.iter().map(|v| ft_backend::softplus(*v).sqrt()).collect();
+                let chosen = match &p.correction_bias {
+                    Some(b) => top_indices(&scores.iter().zip(b).map(|(s, b)| s + b).collect::<Vec<_>>(), p.top_k),
+                    None => top_indices(&scores, p.top_k),
+                };
+                let w = chosen.iter().map(|&i| scores[i]).collect();
+                (chosen, w)
+            }
             RoutingKind::TopKSoftmax => {
                 let chosen = top_indices(row, p.top_k);
                 let max = chosen.first().map_or(0.0, |&i| row[i]);
@@ -108,7 +117,7 @@ pub fn route(p: &RouterParams, logits: &[f32], n_tokens: usize, n_experts: usize
         };
         // gpt-oss's weights already sum to one; renormalising would be a no-op at best.
         if p.norm_topk_prob && p.kind != RoutingKind::TopKSoftmax {
-            let eps = if matches!(p.kind, RoutingKind::SigmoidGroupLimited { .. }) { 1e-20 } else { 0.0 };
+            let eps = if matches!(p.kind, RoutingKind::SigmoidGroupLimited { .. } | RoutingKind::SqrtSoftplus) { 1e-20 } else { 0.0 };
             let sum: f32 = weights.iter().sum::<f32>() + eps;
             weights.iter_mut().for_each(|w| *w /= sum);
         }
@@ -186,6 +195,20 @@ mod tests {
         let logits = [4.0, 0.0, 0.0, 0.0];
         let r = route(&p, &logits, 1, 4);
         assert_eq!(r.ids, vec![0, 1]);
+    }
+
+    #[test]
+    fn sqrt_softplus_picks_by_biased_score_and_weights_by_unbiased() {
+        let mut p = params(RoutingKind::SqrtSoftplus, true);
+        p.routed_scaling_factor = 1.5;
+        p.correction_bias = Some(vec![0.0, 0.0, 5.0, 0.0]);
+        let logits = [3.0, 1.0, -4.0, 0.0];
+        let r = route(&p, &logits, 1, 4);
+        assert_eq!(r.ids, vec![2, 0]);
+        let s = |x: f32| ft_backend::softplus(x).sqrt();
+        let sum = s(-4.0) + s(3.0);
+        assert!((r.weights[0] - 1.5 * s(-4.0) / sum).abs() < 1e-6);
+        assert!((r.weights[1] - 1.5 * s(3.0) / sum).abs() < 1e-6);
     }
 
     #[test]

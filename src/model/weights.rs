@@ -201,6 +201,9 @@ pub enum Mixer {
     Mla(MlaWeights),
     /// Gated DeltaNet over a recurrent state.
     DeltaNet(DeltaNetWeights),
+    /// DeepSeek-V4's compressed sparse / heavily compressed / sliding attention, with the
+    /// layer's hyper-connections.
+    DeepseekV4(Box<super::deepseek_v4::V4Layer>),
 }
 
 /// A dense SwiGLU MLP on the device.

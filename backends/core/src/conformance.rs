@@ -25,7 +25,7 @@
 //! | rope | `1e-5` absolute (values are O(1); angles must be computed accurately even at position 4095, e.g. in f64 or from host tables) |
 //! | attention | `1e-5 + 1e-4 · |ref|` (outputs are convex combinations of values in [−1, 1]) |
 //! | binary `Add`, `Mul`; scale | `2e-7 · |ref|` (one rounding) |
-//! | binary `MulSigmoid`, `SwiGlu`, `ClampedSwiGlu` | `1e-5 · |ref| + 1e-6` |
+//! | binary `MulSigmoid`, `SwiGlu`, `ClampedSwiGlu`, `LimitedSwiGlu` | `1e-5 · |ref| + 1e-6` |
 //! | softmax | `1e-5 · |ref| + 1e-6` |
 //! | scatter_add_rows | `1e-6 · (|acc| + Σ |scale·x|)` (fused or separate multiply-add both pass) |
 //! | causal_conv1d | `1e-5 · |ref| + 1e-6`; the carried state exactly |

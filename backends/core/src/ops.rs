@@ -89,6 +89,11 @@ pub enum BinaryOp {
         /// Clamp limit (7.0 in gpt-oss).
         limit: f32,
     },
+    /// DeepSeek-V4's SwiGLU with clamped inputs: `a = silu(min(a, limit)) * clamp(b, -limit, limit)`.
+    LimitedSwiGlu {
+        /// Clamp limit (`swiglu_limit`).
+        limit: f32,
+    },
 }
 
 impl BinaryOp {
@@ -104,6 +109,10 @@ impl BinaryOp {
                 let g = a.min(limit);
                 let u = b.clamp(-limit, limit);
                 g * sigmoid(alpha * g) * (u + 1.0)
+            }
+            BinaryOp::LimitedSwiGlu { limit } => {
+                let g = a.min(limit);
+                g * sigmoid(g) * b.clamp(-limit, limit)
             }
         }
     }

@@ -26,6 +26,7 @@ impl WgpuBackend {
             BinaryOp::MulSigmoid => (2, 0.0, 0.0),
             BinaryOp::SwiGlu => (3, 0.0, 0.0),
             BinaryOp::ClampedSwiGlu { alpha, limit } => (4, alpha, limit),
+            BinaryOp::LimitedSwiGlu { limit } => (5, 0.0, limit),
         };
         let params = [
             u32_of(n, "binary n")?,

@@ -4,6 +4,7 @@
 //! orientation the folder's loader asks for.
 
 mod deepseek2;
+mod deepseek_v4;
 mod glm4_moe;
 mod gpt_oss;
 mod mixtral;
@@ -146,6 +147,7 @@ pub fn spec(arch: Arch) -> &'static ArchSpec {
         Arch::Glm4Moe => &glm4_moe::SPEC,
         Arch::Qwen3Next => &qwen3_next::QWEN3_NEXT,
         Arch::Qwen35Moe => &qwen3_next::QWEN35_MOE,
+        Arch::DeepseekV4 => &deepseek_v4::SPEC,
     }
 }
 

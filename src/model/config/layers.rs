@@ -14,7 +14,7 @@ pub(super) fn moe_layer_map(arch: Arch, k: &Keys, num_layers: usize) -> Result<V
             let dense = k.indices("mlp_only_layers")?;
             (0..num_layers).map(|i| !dense.contains(&i) && step > 0 && (i + 1) % step == 0).collect()
         }
-        Arch::Mixtral | Arch::Qwen35Moe | Arch::GptOss => vec![true; num_layers],
+        Arch::Mixtral | Arch::Qwen35Moe | Arch::GptOss | Arch::DeepseekV4 => vec![true; num_layers],
         Arch::Glm4Moe | Arch::DeepseekV3 => {
             let first_dense = k.usize_opt(&["first_k_dense_replace"])?.unwrap_or(0);
             (0..num_layers).map(|i| i >= first_dense).collect()
@@ -36,6 +36,8 @@ pub(super) fn layer_kinds(arch: Arch, k: &Keys, num_layers: usize) -> Result<Vec
         }
         // transformers' default alternates, starting with a sliding layer.
         Arch::GptOss if i.is_multiple_of(2) => LayerKind::SlidingAttention,
+        // Every V4 layer keeps a sliding window; what else it attends over is in `V4Config`.
+        Arch::DeepseekV4 => LayerKind::SlidingAttention,
         _ => LayerKind::FullAttention,
     };
     let listed = match arch {

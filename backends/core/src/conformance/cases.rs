@@ -425,6 +425,7 @@ pub fn binary(b: &dyn Backend) {
             alpha: 1.702,
             limit: 7.0,
         },
+        BinaryOp::LimitedSwiGlu { limit: 3.0 },
     ];
     for op in ops {
         for n in [1usize, 15, 1000, 70_000] {

@@ -239,7 +239,7 @@ pub fn scale(x: &mut [f32], s: f32) {
 /// `a = op(a, b)` element-wise over `a.len()` values (`b` at least as long).
 ///
 /// The sigmoid-based ops compute their exponentials a chunk at a time with the vector exp;
-/// `ClampedSwiGlu` needs `limit >= 0`.
+/// `ClampedSwiGlu` and `LimitedSwiGlu` need `limit >= 0`.
 pub fn binary(level: SimdLevel, op: BinaryOp, a: &mut [f32], b: &[f32]) -> Result<()> {
     let Some(b) = b.get(..a.len()) else {
         return Err(shape_err(format!(
@@ -268,6 +268,15 @@ pub fn binary(level: SimdLevel, op: BinaryOp, a: &mut [f32], b: &[f32]) -> Resul
                 |a, _| -alpha * g(a),
                 |a, b, e| g(a) / (1.0 + e) * (b.max(-limit).min(limit) + 1.0),
             )
+        }
+        BinaryOp::LimitedSwiGlu { limit } => {
+            if limit.is_nan() || limit < 0.0 {
+                return Err(shape_err(format!(
+                    "limited SwiGLU limit must be >= 0, got {limit}"
+                )));
+            }
+            let g = |a: f32| a.min(limit);
+            with_exp(level, a, b, |a, _| -g(a), |a, b, e| g(a) / (1.0 + e) * b.max(-limit).min(limit))
         }
     }
     Ok(())

@@ -125,6 +125,7 @@ pub(crate) fn binary(b: &CudaBackend, op: BinaryOp, a: &mut DeviceBuffer, bb: &D
         BinaryOp::MulSigmoid => (2, 0.0, 0.0),
         BinaryOp::SwiGlu => (3, 0.0, 0.0),
         BinaryOp::ClampedSwiGlu { alpha, limit } => (4, alpha, limit),
+        BinaryOp::LimitedSwiGlu { limit } => (5, 0.0, limit),
     };
     let args = [Arg::Ptr(ap), Arg::Ptr(bp), Arg::U64(n as u64), Arg::U32(code), Arg::F32(alpha), Arg::F32(limit)];
     b.launch("binary_f32", (grid_1d(b, n), 1, 1), BLOCK, 0, &args)

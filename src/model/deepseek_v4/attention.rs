@@ -1,0 +1,228 @@
+//! One sequence's attention in a DeepSeek-V4 layer: a single shared key/value head over the
+//! last `sliding_window` tokens plus compressed entries, all of them in CSA layers chosen per
+//! query by the lightning indexer, every visible one in HCA layers; per-head sinks; the value
+//! rows carry RoPE, so the output's rotated channels are turned back at the query's position
+//! before the grouped output projection.
+
+use super::compress::{Carry, Compressor};
+use super::hyper::{rms_rows, unweighted_rms};
+use super::rope::Rotary;
+use super::V4Layer;
+use crate::kv::LayerState;
+use crate::model::config::{ModelConfig, V4Attention, V4Config};
+use crate::model::forward::{download_f32, scratch};
+use crate::model::weights::Linear;
+use crate::model::ModelError;
+use ft_backend::{Backend, DeviceBuffer, MatmulDesc, StreamId};
+
+/// What every layer of one forward pass shares.
+pub(super) struct Ctx<'a> {
+    pub be: &'a dyn Backend,
+    pub cfg: &'a ModelConfig,
+    pub v4: &'a V4Config,
+    pub main: Rotary,
+    pub compress: Rotary,
+}
+
+/// `x [n, in] · Wᵀ` on the backend, from and to host values.
+pub(super) fn lin(be: &dyn Backend, l: &Linear, x: &[f32], n: usize) -> Result<Vec<f32>, ModelError> {
+    let xd = upload(be, x)?;
+    let mut out = scratch(be, n * l.out_dim)?;
+    l.forward(be, &xd, &mut out, n)?;
+    download_f32(be, &out, n * l.out_dim)
+}
+
+pub(super) fn upload(be: &dyn Backend, x: &[f32]) -> Result<DeviceBuffer, ModelError> {
+    let mut xd = scratch(be, x.len())?;
+    be.upload(StreamId::COMPUTE, bytemuck::cast_slice(x), &mut xd, 0)?;
+    Ok(xd)
+}
+
+/// `n` f32 values of `buf` from element `at`.
+fn read(be: &dyn Backend, buf: &DeviceBuffer, at: usize, n: usize) -> Result<Vec<f32>, ModelError> {
+    let mut out = vec![0f32; n];
+    if n > 0 {
+        be.download(StreamId::COMPUTE, buf, at * 4, bytemuck::cast_slice_mut(&mut out))?;
+    }
+    Ok(out)
+}
+
+fn write(be: &dyn Backend, buf: &mut DeviceBuffer, at: usize, v: &[f32]) -> Result<(), ModelError> {
+    if !v.is_empty() {
+        be.upload(StreamId::COMPUTE, bytemuck::cast_slice(v), buf, at * 4)?;
+    }
+    Ok(())
+}
+
+/// Runs `c` over the new tokens `x` after `past` tokens: reads its carry at `carry_at` in
+/// `carry`, writes the new entries into `entries` and the carry back; returns every entry so far.
+#[allow(clippy::too_many_arguments)]
+fn compress_into(
+    ctx: &Ctx,
+    c: &Compressor,
+    x: &[f32],
+    past: usize,
+    carry: &mut DeviceBuffer,
+    carry_at: usize,
+    entries: &mut DeviceBuffer,
+) -> Result<Vec<f32>, ModelError> {
+    let (be, t) = (ctx.be, x.len() / ctx.cfg.hidden_size);
+    let row = c.pending_row();
+    let before = past / c.rate;
+    let state = Carry {
+        pending: read(be, carry, carry_at, (past % c.rate) * row)?,
+        overlap: if c.overlap && before > 0 { Some(read(be, carry, carry_at + c.overlap_offset(), c.rate * 2 * c.dim)?) } else { None },
+    };
+    let kv = lin(be, &c.kv, x, t)?;
+    let gate = lin(be, &c.gate, x, t)?;
+    let out = c.compress(state, &kv, &gate, past, &ctx.compress, ctx.cfg.rms_norm_eps);
+    write(be, entries, before * c.dim, &out.entries)?;
+    write(be, carry, carry_at, &out.carry.pending)?;
+    if let Some(o) = &out.carry.overlap {
+        write(be, carry, carry_at + c.overlap_offset(), o)?;
+    }
+    read(be, entries, 0, ((past + t) / c.rate) * c.dim)
+}
+
+/// What a layer's attention compressed and chose, for [`crate::model::Trace`].
+#[derive(Default)]
+pub(super) struct Seen {
+    /// Every compressed entry so far.
+    pub entries: Vec<f32>,
+    /// Every indexer key so far.
+    pub keys: Vec<f32>,
+    /// Per new token, the entries the indexer chose.
+    pub chosen: Option<Vec<Vec<usize>>>,
+}
+
+/// Attention of the new tokens `x` (`[t, hidden]`, normalised) of one sequence after `past`
+/// tokens; returns `[t, hidden]` and what was compressed and chosen.
+pub(super) fn attention(ctx: &Ctx, w: &V4Layer, ls: &mut LayerState, past: usize, x: &[f32]) -> Result<(Vec<f32>, Seen), ModelError> {
+    let (be, cfg, v4) = (ctx.be, ctx.cfg, ctx.v4);
+    let (h, nh, hd, eps) = (cfg.hidden_size, cfg.num_heads, cfg.head_dim, cfg.rms_norm_eps);
+    let t = x.len() / h;
+    let LayerState::Compressed { kv: kv_rows, entries, index_keys, carry } = ls else {
+        return Err(ModelError::Invalid("a DeepSeek-V4 layer needs its compressed-attention state".into()));
+    };
+    let rope = if w.kind == V4Attention::Sliding { &ctx.main } else { &ctx.compress };
+
+    let q_res = rms_rows(&lin(be, &w.q_a, x, t)?, &w.q_a_norm, eps);
+    let mut q = lin(be, &w.q_b, &q_res, t)?;
+    for (i, tok) in q.chunks_mut(nh * hd).enumerate() {
+        for head in tok.chunks_mut(hd) {
+            let n = unweighted_rms(head, eps);
+            head.copy_from_slice(&n);
+        }
+        rope.rotate_heads(tok, hd, past + i, 1.0);
+    }
+    let mut kv = rms_rows(&lin(be, &w.kv, x, t)?, &w.kv_norm, eps);
+    for (i, row) in kv.chunks_mut(hd).enumerate() {
+        rope.rotate(row, past + i, 1.0);
+    }
+    write(be, kv_rows, past * hd, &kv)?;
+
+    // Compressed entries, and for CSA the indexer's choice of them per query.
+    let mut comp: Vec<f32> = vec![];
+    let mut index_keys_seen = vec![];
+    let mut chosen: Option<Vec<Vec<usize>>> = None;
+    if let Some(c) = &w.compressor {
+        let (Some(entries), Some(carry)) = (entries.as_mut(), carry.as_mut()) else {
+            return Err(ModelError::Invalid("a compressed layer's state has no entries".into()));
+        };
+        comp = compress_into(ctx, c, x, past, carry, 0, entries)?;
+        if let Some(ix) = &w.indexer {
+            let Some(keys_buf) = index_keys.as_mut() else {
+                return Err(ModelError::Invalid("a CSA layer's state has no indexer keys".into()));
+            };
+            let at = super::carry_len(c.rate, c.dim, c.overlap);
+            let keys = compress_into(ctx, &ix.compressor, x, past, carry, at, keys_buf)?;
+            chosen = Some(select(ctx, ix, &q_res, x, &keys, past)?);
+            index_keys_seen = keys;
+        }
+    }
+
+    let window = v4.sliding_window;
+    let lo = (past + 1).saturating_sub(window);
+    let rows = read(be, kv_rows, lo * hd, (past + t - lo) * hd)?;
+    let scale = cfg.attention_scale;
+    let mut out = vec![0f32; t * nh * hd];
+    for i in 0..t {
+        let p = past + i;
+        let first = (p + 1).saturating_sub(window);
+        let mut keys: Vec<&[f32]> = (first..=p).map(|j| &rows[(j - lo) * hd..(j - lo + 1) * hd]).collect();
+        if let Some(c) = &w.compressor {
+            let visible = (p + 1) / c.rate;
+            match &chosen {
+                Some(sel) => keys.extend(sel[i].iter().map(|&e| &comp[e * hd..(e + 1) * hd])),
+                None => keys.extend((0..visible).map(|e| &comp[e * hd..(e + 1) * hd])),
+            }
+        }
+        for head in 0..nh {
+            let qh = &q[(i * nh + head) * hd..(i * nh + head + 1) * hd];
+            let logits: Vec<f32> = keys.iter().map(|k| qh.iter().zip(*k).map(|(a, b)| a * b).sum::<f32>() * scale).collect();
+            let sink = w.sinks[head];
+            let max = logits.iter().copied().fold(sink, f32::max);
+            let probs: Vec<f32> = logits.iter().map(|l| (l - max).exp()).collect();
+            let den = probs.iter().sum::<f32>() + (sink - max).exp();
+            let o = &mut out[(i * nh + head) * hd..(i * nh + head + 1) * hd];
+            for (pr, k) in probs.iter().zip(&keys) {
+                let a = pr / den;
+                o.iter_mut().zip(*k).for_each(|(o, k)| *o += a * k);
+            }
+            rope.rotate(o, p, -1.0);
+        }
+    }
+
+    // Grouped output projection: each group of heads through its own block of `wo_a`.
+    let (groups, rank) = (v4.o_groups, v4.o_lora_rank);
+    let gin = nh * hd / groups;
+    let mut grouped = vec![0f32; t * groups * rank];
+    for g in 0..groups {
+        let xg: Vec<f32> = (0..t).flat_map(|i| out[i * nh * hd + g * gin..i * nh * hd + (g + 1) * gin].iter().copied()).collect();
+        let xd = upload(be, &xg)?;
+        let mut yd = scratch(be, t * rank)?;
+        let desc = MatmulDesc { n: t, k: gin, m: rank, w_offset: g * rank * gin, ..Default::default() };
+        w.o_a.forward_desc(be, &xd, &mut yd, &desc)?;
+        let y = download_f32(be, &yd, t * rank)?;
+        for i in 0..t {
+            grouped[i * groups * rank + g * rank..i * groups * rank + (g + 1) * rank].copy_from_slice(&y[i * rank..(i + 1) * rank]);
+        }
+    }
+    Ok((lin(be, &w.o_b, &grouped, t)?, Seen { entries: comp, keys: index_keys_seen, chosen }))
+}
+
+/// The lightning indexer: per new token, the compressed entries it may see with the best
+/// `Σ_h w_h · relu(q_h · k) / sqrt(d)` scores, at most `index_topk` of them, best first.
+fn select(ctx: &Ctx, ix: &super::Indexer, q_res: &[f32], x: &[f32], keys: &[f32], past: usize) -> Result<Vec<Vec<usize>>, ModelError> {
+    let (be, v4) = (ctx.be, ctx.v4);
+    let t = x.len() / ctx.cfg.hidden_size;
+    let (heads, d) = (v4.index_heads, v4.index_head_dim);
+    let mut q = lin(be, &ix.q_b, q_res, t)?;
+    for (i, tok) in q.chunks_mut(heads * d).enumerate() {
+        ctx.compress.rotate_heads(tok, d, past + i, 1.0);
+    }
+    let weights = lin(be, &ix.weights, x, t)?;
+    let (softmax_scale, weight_scale) = (1.0 / (d as f32).sqrt(), 1.0 / (heads as f32).sqrt());
+    let rate = ix.compressor.rate;
+    Ok((0..t)
+        .map(|i| {
+            let visible = (past + i + 1) / rate;
+            let scores: Vec<f32> = (0..visible)
+                .map(|e| {
+                    let k = &keys[e * d..(e + 1) * d];
+                    (0..heads)
+                        .map(|hh| {
+                            let qh = &q[(i * heads + hh) * d..(i * heads + hh + 1) * d];
+                            let dot: f32 = qh.iter().zip(k).map(|(a, b)| a * b).sum();
+                            dot.max(0.0) * softmax_scale * (weights[i * heads + hh] * weight_scale)
+                        })
+                        .sum()
+                })
+                .collect();
+            let mut idx: Vec<usize> = (0..visible).collect();
+            idx.sort_by(|a, b| scores[*b].total_cmp(&scores[*a]).then(a.cmp(b)));
+            idx.truncate(v4.index_topk);
+            idx
+        })
+        .collect())
+}

@@ -1,0 +1,119 @@
+//! DeepSeek-V4 against the transformers reference in `tests/fixtures/deepseek_v4`.
+//!
+//! Tolerances (the fixture README's): logits, decode-step logits and router logits max abs
+//! diff <= 1e-3; hidden states (all 4 hyper-connection streams) and compressed entries <= 1e-3
+//! relative to their largest magnitude; router ids identical as sets, weights within 1e-4;
+//! indexer choices identical; 16 greedy tokens identical; incremental decode vs full recompute
+//! <= 1e-4.
+
+mod common;
+use common::*;
+use ft_actor::kv::SequenceState;
+use ft_actor::model::{Logits, Trace};
+
+const NAME: &str = "deepseek_v4";
+const LOGIT_TOL: f32 = 1e-3;
+
+fn rel_close(got: &[f32], want: &[f32], what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    let scale = want.iter().fold(1f32, |m, v| m.max(v.abs()));
+    let d = max_abs_diff(got, want);
+    assert!(d <= 1e-3 * scale, "{what}: differs by {d} (scale {scale})");
+}
+
+#[test]
+fn deepseek_v4_matches_transformers() {
+    let model = load(NAME);
+    let r = reference_json(NAME);
+    let refs = reference_tensors(NAME);
+    let cfg = model.config().clone();
+    let (vocab, h, hc) = (cfg.vocab_size, cfg.hidden_size, cfg.v4.as_ref().unwrap().hc_mult);
+    let mut worst = [0f32; 3];
+    for (p, ids) in prompts(&r).iter().enumerate() {
+        let t = ids.len();
+        let mut state = SequenceState::new(&model, t + 16).unwrap();
+        let mut trace = Trace::default();
+        let logits = model.forward_traced(&mut state, ids, Logits::All, Some(&mut trace)).unwrap();
+        let d = max_abs_diff(&logits, &tensor(&refs, &format!("logits.p{p}")));
+        assert!(d <= LOGIT_TOL, "p{p}: logits max abs diff {d}");
+        worst[0] = worst[0].max(d);
+
+        // The four streams after every layer.
+        let hidden = tensor(&refs, &format!("hidden_states.p{p}"));
+        let per = t * hc * h;
+        for l in 0..cfg.num_layers {
+            rel_close(&trace.hidden[l], &hidden[(l + 1) * per..(l + 2) * per], &format!("p{p}: streams after layer {l}"));
+        }
+
+        // Router logits and choices of every layer, hash layers included.
+        let routers = r["router"][p].as_array().unwrap();
+        assert_eq!(routers.len(), trace.routing.len());
+        for (rj, ((layer, routing), (_, raw))) in routers.iter().zip(trace.routing.iter().zip(&trace.router_logits)) {
+            let module = rj["module"].as_str().unwrap();
+            assert!(module.contains(&format!("layers.{layer}.")));
+            let d = max_abs_diff(raw, &tensor(&refs, &format!("router_logits.p{p}.{module}")));
+            assert!(d <= LOGIT_TOL, "p{p} {module}: router logits differ by {d}");
+            let k = routing.top_k;
+            for (tok, (want_ids, want_w)) in rj["topk_ids"].as_array().unwrap().iter().zip(rj["topk_weights"].as_array().unwrap()).enumerate() {
+                for (wi, ww) in want_ids.as_array().unwrap().iter().zip(want_w.as_array().unwrap()) {
+                    let id = wi.as_u64().unwrap() as u32;
+                    let pos = routing.ids[tok * k..(tok + 1) * k].iter().position(|g| *g == id).unwrap_or_else(|| panic!("p{p} {module} token {tok}: expert {id} not chosen"));
+                    let got = routing.weights[tok * k + pos];
+                    assert!((got - ww.as_f64().unwrap() as f32).abs() <= 1e-4, "p{p} {module} token {tok}: weight {got} vs {ww}");
+                }
+            }
+        }
+
+        // Compressed entries of every CSA/HCA compressor, the indexer's keys and its choices.
+        for (layer, entries) in &trace.compressed {
+            let want = tensor(&refs, &format!("compressed_kv.p{p}.model.layers.{layer}.self_attn.compressor"));
+            rel_close(entries, &want, &format!("p{p}: compressed entries of layer {layer}"));
+        }
+        assert_eq!(trace.compressed.len(), 3, "every CSA/HCA layer compresses");
+        let indexers = r["indexer"][p].as_array().unwrap();
+        assert_eq!(indexers.len(), trace.indexer.len());
+        for (ij, (layer, keys, chosen)) in indexers.iter().zip(&trace.indexer) {
+            let module = ij["module"].as_str().unwrap();
+            assert!(module.contains(&format!("layers.{layer}.")));
+            rel_close(keys, &tensor(&refs, &format!("indexer_keys.p{p}.{module}")), &format!("p{p} {module}: indexer keys"));
+            for (tok, want) in ij["selected"].as_array().unwrap().iter().enumerate() {
+                let mut got = chosen[tok].clone();
+                got.sort();
+                let want: Vec<usize> = want.as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as usize).collect();
+                assert_eq!(got, want, "p{p} {module} token {tok}: indexer choice");
+            }
+        }
+
+        // Greedy decode with the state: 16 tokens, step logits, and tokens.
+        let mut state = SequenceState::new(&model, t + 16).unwrap();
+        let mut step = model.forward(&mut state, ids, Logits::Last).unwrap();
+        let gen_ref = tensor(&refs, &format!("gen_logits.p{p}"));
+        let want_tokens: Vec<u32> = r["generation"][p]["new_ids"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect();
+        let (mut got_tokens, mut step_logits) = (vec![], vec![]);
+        for s in 0..16 {
+            let d = max_abs_diff(&step, &gen_ref[s * vocab..(s + 1) * vocab]);
+            assert!(d <= LOGIT_TOL, "p{p}: decode step {s} logits differ by {d}");
+            worst[1] = worst[1].max(d);
+            let next = argmax(&step);
+            got_tokens.push(next);
+            step_logits.push(step.clone());
+            if s < 15 {
+                step = model.forward(&mut state, &[next], Logits::Last).unwrap();
+            }
+        }
+        assert_eq!(got_tokens, want_tokens, "p{p}: greedy tokens");
+
+        // Token by token equals the whole sequence at once.
+        let mut all = ids.clone();
+        all.extend(&got_tokens[..15]);
+        let mut state = SequenceState::new(&model, all.len()).unwrap();
+        let full = model.forward(&mut state, &all, Logits::All).unwrap();
+        for (s, inc) in step_logits.iter().enumerate() {
+            let row = &full[(t - 1 + s) * vocab..(t + s) * vocab];
+            let d = max_abs_diff(inc, row);
+            assert!(d <= 1e-4, "p{p}: incremental step {s} vs full recompute differs by {d}");
+            worst[2] = worst[2].max(d);
+        }
+    }
+    eprintln!("deepseek_v4: max |Δ| logits {:.2e}, decode steps {:.2e}, incremental vs full {:.2e}", worst[0], worst[1], worst[2]);
+}
