@@ -117,3 +117,95 @@ fn deepseek_v4_matches_transformers() {
     }
     eprintln!("deepseek_v4: max |Δ| logits {:.2e}, decode steps {:.2e}, incremental vs full {:.2e}", worst[0], worst[1], worst[2]);
 }
+
+/// A snapshot taken mid-window (pending compressor rows, an overlap carried) and restored
+/// into a fresh state continues exactly as the original; it cannot be cut to a prefix.
+#[test]
+fn deepseek_v4_snapshot_restores_mid_window() {
+    let model = load(NAME);
+    let r = reference_json(NAME);
+    let ids = &prompts(&r)[2];
+    let vocab = model.config().vocab_size;
+    let mut whole = SequenceState::new(&model, ids.len()).unwrap();
+    let full = model.forward(&mut whole, ids, Logits::All).unwrap();
+    // 13 tokens: CSA windows of 4 and HCA windows of 8 are both part-way.
+    let cut = 13;
+    let mut first = SequenceState::new(&model, ids.len()).unwrap();
+    model.forward(&mut first, &ids[..cut], Logits::None).unwrap();
+    let snap = first.snapshot_to_host().unwrap();
+    let mut resumed = SequenceState::new(&model, ids.len()).unwrap();
+    resumed.restore(&snap).unwrap();
+    let rest = model.forward(&mut resumed, &ids[cut..], Logits::All).unwrap();
+    let d = max_abs_diff(&rest, &full[cut * vocab..]);
+    assert!(d <= 1e-4, "restored state differs from a fresh prefill by {d}");
+    assert!(resumed.restore_prefix(&snap, cut - 1).is_err(), "compressor state cannot be cut");
+}
+
+/// A copy of the fixture checkpoint with `edit` applied to its config and `drop` left out of
+/// its weights; returns the load error.
+fn load_error(tag: &str, edit: impl Fn(&mut serde_json::Value), drop: Option<&str>) -> String {
+    use safetensors::tensor::TensorView;
+    let src = fixture(NAME).join("checkpoint");
+    let dir = std::env::temp_dir().join(format!("ft-v4-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    for f in ["generation_config.json", "tokenizer.json", "tokenizer_config.json"] {
+        std::fs::copy(src.join(f), dir.join(f)).unwrap();
+    }
+    let mut cfg: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(src.join("config.json")).unwrap()).unwrap();
+    edit(&mut cfg);
+    std::fs::write(dir.join("config.json"), cfg.to_string()).unwrap();
+    let bytes = std::fs::read(src.join("model.safetensors")).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let views: Vec<(String, TensorView)> = st.tensors().into_iter().filter(|(n, _)| Some(n.as_str()) != drop).collect();
+    safetensors::serialize_to_file(views, None, &dir.join("model.safetensors")).unwrap();
+    let err = match ft_actor::model::Model::load(&dir, cpu_backend(), &mut |_, _| {}) {
+        Ok(_) => panic!("{tag}: loaded"),
+        Err(e) => e.to_string(),
+    };
+    std::fs::remove_dir_all(&dir).ok();
+    err
+}
+
+#[test]
+fn deepseek_v4_bad_checkpoints_name_the_problem() {
+    let e = load_error("short-layer-types", |c| c["layer_types"].as_array_mut().unwrap().truncate(3), None);
+    assert!(e.contains("layer_types") && e.contains("lists 3 layers") && e.contains("config.json"), "{e}");
+    let e = load_error("short-mlp-types", |c| c["mlp_layer_types"] = serde_json::json!(["moe"]), None);
+    assert!(e.contains("mlp_layer_types") && e.contains("lists 1 layers"), "{e}");
+    let e = load_error("unknown-kind", |c| c["layer_types"][2] = "full_attention".into(), None);
+    assert!(e.contains("`full_attention` is not a DeepSeek-V4 layer type"), "{e}");
+    let e = load_error("unknown-mlp", |c| c["mlp_layer_types"][0] = "dense".into(), None);
+    assert!(e.contains("`dense` is not a DeepSeek-V4 MLP type"), "{e}");
+    let e = load_error("scoring", |c| c["scoring_func"] = "softmax".into(), None);
+    assert!(e.contains("scoring_func") && e.contains("sqrtsoftplus"), "{e}");
+    let e = load_error("no-compressor", |_| {}, Some("layers.2.attn.compressor.wkv.weight"));
+    assert!(e.contains("layers.2.attn.compressor.wkv.weight"), "{e}");
+    let e = load_error("no-indexer", |_| {}, Some("layers.1.attn.indexer.compressor.ape"));
+    assert!(e.contains("layers.1.attn.indexer.compressor.ape"), "{e}");
+    let e = load_error("no-hash", |_| {}, Some("layers.0.ffn.gate.tid2eid"));
+    assert!(e.contains("layers.0.ffn.gate.tid2eid"), "{e}");
+}
+
+/// The published configs' legacy keys (`compress_ratios`, `num_hash_layers`,
+/// `qk_rope_head_dim`, flat yarn `rope_scaling` + `compress_rope_theta`) give the same model.
+#[test]
+fn deepseek_v4_legacy_config_keys_read_the_same() {
+    let path = fixture(NAME).join("checkpoint/config.json");
+    let mut c: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let modern = ft_actor::model::ModelConfig::from_json(&c, &path).unwrap();
+    let o = c.as_object_mut().unwrap();
+    let compress = o["rope_parameters"]["compress"].clone();
+    for k in ["layer_types", "mlp_layer_types", "rope_parameters", "partial_rotary_factor", "compress_rates"] {
+        o.remove(k);
+    }
+    o.insert("compress_rate_csa".into(), 4.into());
+    o.insert("compress_rate_hca".into(), 8.into());
+    let mut scaling = compress.as_object().unwrap().clone();
+    scaling.remove("rope_theta");
+    scaling.remove("partial_rotary_factor");
+    scaling.remove("attention_factor");
+    o.insert("rope_scaling".into(), scaling.into());
+    let legacy = ft_actor::model::ModelConfig::from_json(&c, &path).unwrap();
+    assert_eq!(legacy, modern);
+}

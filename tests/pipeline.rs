@@ -10,7 +10,8 @@ use common::*;
 use ft_actor::engine::{Engine, EngineConfig, EngineHandle, EngineRequest, GenEvent, PrefillMode};
 use ft_actor::policy::MoeMode;
 
-const ARCHS: [&str; 9] = ["qwen3_moe", "qwen3_moe_bf16", "qwen2_moe", "mixtral", "glm4_moe", "deepseek_v3", "gpt_oss", "qwen3_next", "qwen3_5_moe"];
+const ARCHS: [&str; 10] =
+    ["qwen3_moe", "qwen3_moe_bf16", "qwen2_moe", "mixtral", "glm4_moe", "deepseek_v3", "gpt_oss", "qwen3_next", "qwen3_5_moe", "deepseek_v4"];
 
 fn config(name: &str, slots: u64, mode: MoeMode) -> EngineConfig {
     pipeline_config(fixture(name).join("checkpoint"), slots, mode)

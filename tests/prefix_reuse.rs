@@ -242,8 +242,8 @@ fn check_transcript(model: &str, path: &Path) {
         let off = Engine::spawn(engine_config(path, false), None).await.expect("engine");
         (on, off)
     });
-    let recurrent = on.info().config.num_layers_of(ft_actor::model::config::LayerKind::LinearAttention) > 0;
-    assert_eq!(recurrent, model == "qwen3_5_moe", "{model}: layer kinds");
+    let recurrent = on.info().config.has_summarising_state();
+    assert_eq!(recurrent, matches!(model, "qwen3_5_moe" | "deepseek_v4"), "{model}: layer kinds");
     let with = replay_engine(&rt, &on, &prompts);
     let without = replay_engine(&rt, &off, &prompts);
 
@@ -328,6 +328,13 @@ fn agent_transcript_attention_model() {
 #[test]
 fn agent_transcript_hybrid_model_reuses_only_snapshots() {
     check_transcript("qwen3_5_moe", &common::fixture("qwen3_5_moe").join("checkpoint"));
+}
+
+/// DeepSeek-V4's compressors carry state like a recurrent layer: reuse restores whole
+/// snapshots only, and every response equals the one without reuse.
+#[test]
+fn agent_transcript_deepseek_v4_reuses_only_snapshots() {
+    check_transcript("deepseek_v4", &common::fixture("deepseek_v4").join("checkpoint"));
 }
 
 /// The same transcript served from a Q8_0 GGUF of the fixture: its rebuilt tokenizer and

@@ -115,6 +115,13 @@ fn deepseek_v3_on_wgpu_matches_transformers() {
     check_fixture("deepseek_v3");
 }
 
+/// DeepSeek-V4's projections, routed and shared experts (clamped SwiGLU) on wgpu; its
+/// hyper-connections, compressors and attention run on the host.
+#[test]
+fn deepseek_v4_on_wgpu_matches_transformers() {
+    check_fixture("deepseek_v4");
+}
+
 #[test]
 fn qwen3_next_on_wgpu_matches_transformers() {
     check_fixture("qwen3_next");

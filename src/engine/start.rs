@@ -16,7 +16,6 @@ use crate::device::{create_backend, DeviceOptions};
 use crate::model::generation_config::GenerationConfig;
 use crate::model::info::stats;
 use crate::kv::reuse::{PrefixStore, ReuseSettings};
-use crate::model::config::LayerKind;
 use crate::model::Model;
 use super::memory::{plan_engine_memory, reuse_device_bytes, PlanDevice, PlanFacts};
 use crate::policy::{self, BandwidthProfile, SplitCosts};
@@ -205,7 +204,7 @@ pub(super) async fn spawn(
                 interval: config.anchor_interval.max(1),
                 boundary_ids: tokenizer.as_ref().map(|t| t.boundary_ids()).unwrap_or_default(),
             },
-            cfg.num_layers_of(LayerKind::LinearAttention) > 0,
+            cfg.has_summarising_state(),
             backend.clone(),
         ),
         step_tokens: config.step_tokens.max(1),

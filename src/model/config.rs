@@ -529,6 +529,13 @@ impl ModelConfig {
         self.moe_layers.iter().filter(|m| **m).count()
     }
 
+    /// Whether a sequence's state summarises its tokens (Gated DeltaNet, DeepSeek-V4's
+    /// compressors), so that it can only be restored whole, never cut back to a prefix.
+    pub fn has_summarising_state(&self) -> bool {
+        self.num_layers_of(LayerKind::LinearAttention) > 0
+            || self.v4.as_ref().is_some_and(|v| v.attention.iter().any(|a| *a != V4Attention::Sliding))
+    }
+
     /// Number of layers of `kind`.
     pub fn num_layers_of(&self, kind: LayerKind) -> usize {
         self.layer_kinds.iter().filter(|k| **k == kind).count()
