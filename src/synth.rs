@@ -18,7 +18,7 @@ use thiserror::Error;
 
 pub use shapes::{
     find_shape, known_shapes, param_counts, tensor_plan, Arch, ArchSpec, GptOssSpec, HybridSpec,
-    Init, MlaSpec, ShapeSpec, TensorKind, TensorPlan, YarnSpec,
+    Init, MlaSpec, ShapeSpec, TensorKind, TensorPlan, V4Spec, YarnSpec,
 };
 
 /// Default shard size (2 GiB), close to what the hub's checkpoints use.
@@ -82,6 +82,8 @@ pub enum SynthDtype {
     Bf16,
     /// IEEE half.
     F16,
+    /// 64-bit integers (index tables such as DeepSeek-V4's `tid2eid`; never a `--dtype`).
+    I64,
 }
 
 impl SynthDtype {
@@ -98,6 +100,7 @@ impl SynthDtype {
     /// Bytes per element.
     pub fn size(self) -> usize {
         match self {
+            Self::I64 => 8,
             Self::F32 => 4,
             Self::Bf16 | Self::F16 => 2,
         }
@@ -109,6 +112,7 @@ impl SynthDtype {
             Self::F32 => "float32",
             Self::Bf16 => "bfloat16",
             Self::F16 => "float16",
+            Self::I64 => "int64",
         }
     }
 }

@@ -47,7 +47,18 @@ fn buffer(b: &DeviceBuffer) -> (u64, u64) {
 /// Parameters and bytes of a layer's token mixer.
 fn mixer(m: &Mixer) -> (u64, u64) {
     let (lin, bufs) = mixer_parts(m);
-    lin.into_iter().map(linear).chain(bufs.into_iter().map(buffer)).fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1))
+    let (p, b) = lin.into_iter().map(linear).chain(bufs.into_iter().map(buffer)).fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1));
+    let host = host_params(m);
+    (p + host, b + 4 * host)
+}
+
+/// f32 values a mixer keeps on the host (DeepSeek-V4's norms, sinks, window biases and
+/// hyper-connections); its hash table is an index, not parameters.
+fn host_params(m: &Mixer) -> u64 {
+    let Mixer::DeepseekV4(w) = m else { return 0 };
+    let hc = |h: &super::deepseek_v4::HyperConnection| h.fn_w.len() + h.base.len() + h.scale.len();
+    let comp = w.compressor.iter().chain(w.indexer.as_ref().map(|i| &i.compressor)).map(|c| c.bias.len() + c.norm.len()).sum::<usize>();
+    (w.q_a_norm.len() + w.kv_norm.len() + w.sinks.len() + comp + hc(&w.attn_hc) + hc(&w.ffn_hc)) as u64
 }
 
 /// The linear layers and other buffers of a token mixer.
@@ -140,6 +151,10 @@ pub fn stats(model: &Model) -> ModelStats {
     };
     if let Some(l) = &model.lm_head {
         add(&mut dense, linear(l));
+    }
+    if let Some(h) = &model.hc_head {
+        let n = (h.fn_w.len() + h.base.len() + 1) as u64;
+        add(&mut dense, (n, 4 * n));
     }
     let (mut expert_params, mut expert_bytes, mut total_experts, mut active_expert_params, mut active_expert_bytes) = (0u64, 0u64, 0u64, 0u64, 0u64);
     let (mut per_expert_params, mut per_expert_bytes) = (0u64, 0u64);

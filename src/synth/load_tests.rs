@@ -63,6 +63,27 @@ fn toy(name: &str) -> ShapeSpec {
             sliding_window: 3,
             ..g
         }),
+        ArchSpec::V4(v) => {
+            // Four layers: HCA, HCA, HCA, CSA; windows that close within 8 tokens.
+            s.layers = 4;
+            s.kv_heads = 1;
+            s.head_dim = 32;
+            s.shared_intermediate = s.moe_intermediate;
+            ArchSpec::V4(V4Spec {
+                q_lora_rank: 24,
+                o_groups: 2,
+                o_lora_rank: 16,
+                index_heads: 4,
+                index_head_dim: 16,
+                index_topk: 2,
+                sliding_window: 4,
+                csa_rate: 2,
+                hca_rate: 4,
+                hash_layers: 2,
+                qk_rope_head_dim: 8,
+                ..v
+            })
+        }
     };
     s
 }

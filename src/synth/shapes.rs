@@ -5,6 +5,7 @@
 //! fused expert tensors), as transformers' modeling files name them.
 
 mod plan;
+mod plan_v4;
 mod table;
 
 pub use plan::tensor_plan;
@@ -37,6 +38,9 @@ pub enum Arch {
     /// `gpt_oss`: attention with biases and sinks, alternating sliding windows, fused
     /// interleaved experts with biases, YaRN.
     GptOss,
+    /// `deepseek_v4`: hyper-connections, shared-KV attention with CSA/HCA compressors and a
+    /// lightning indexer, hash-routed first layers; the published tensor names.
+    DeepseekV4,
 }
 
 impl Arch {
@@ -51,6 +55,7 @@ impl Arch {
             Arch::Qwen35Moe => "qwen3_5_moe",
             Arch::DeepseekV3 => "deepseek_v3",
             Arch::GptOss => "gpt_oss",
+            Arch::DeepseekV4 => "deepseek_v4",
         }
     }
 
@@ -65,6 +70,7 @@ impl Arch {
             Arch::Qwen35Moe => "Qwen3_5MoeForConditionalGeneration",
             Arch::DeepseekV3 => "DeepseekV3ForCausalLM",
             Arch::GptOss => "GptOssForCausalLM",
+            Arch::DeepseekV4 => "DeepseekV4ForCausalLM",
         }
     }
 
@@ -79,6 +85,7 @@ impl Arch {
     pub fn weight_prefix(self) -> &'static str {
         match self {
             Arch::Qwen35Moe => "model.language_model.",
+            Arch::DeepseekV4 => "",
             _ => "model.",
         }
     }
@@ -154,6 +161,60 @@ pub struct GptOssSpec {
     pub yarn: YarnSpec,
 }
 
+/// DeepSeek-V4 settings.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct V4Spec {
+    /// `hc_mult`.
+    pub hc_mult: usize,
+    /// `q_lora_rank`.
+    pub q_lora_rank: usize,
+    /// `o_groups`.
+    pub o_groups: usize,
+    /// `o_lora_rank`.
+    pub o_lora_rank: usize,
+    /// `index_n_heads`.
+    pub index_heads: usize,
+    /// `index_head_dim`.
+    pub index_head_dim: usize,
+    /// `index_topk`.
+    pub index_topk: usize,
+    /// `sliding_window`.
+    pub sliding_window: usize,
+    /// Tokens per compressed entry of CSA layers.
+    pub csa_rate: usize,
+    /// Tokens per compressed entry of HCA layers.
+    pub hca_rate: usize,
+    /// Leading hash-routed MoE layers (`num_hash_layers`).
+    pub hash_layers: usize,
+    /// `qk_rope_head_dim`.
+    pub qk_rope_head_dim: usize,
+    /// `swiglu_limit`.
+    pub swiglu_limit: f64,
+    /// `routed_scaling_factor`.
+    pub routed_scaling_factor: f64,
+    /// `compress_rope_theta`.
+    pub compress_rope_theta: f64,
+    /// YaRN of the compressed branch.
+    pub yarn: YarnSpec,
+}
+
+impl V4Spec {
+    /// Whether layer `i` is CSA (else HCA), in transformers' default pattern: two HCA
+    /// layers, then CSA and HCA alternating.
+    pub fn is_csa(&self, i: usize) -> bool {
+        i >= 2 && !i.is_multiple_of(2)
+    }
+
+    /// The compress rate of layer `i`.
+    pub fn rate(&self, i: usize) -> usize {
+        if self.is_csa(i) {
+            self.csa_rate
+        } else {
+            self.hca_rate
+        }
+    }
+}
+
 /// Family-specific settings beyond the common dimensions.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum ArchSpec {
@@ -165,6 +226,8 @@ pub enum ArchSpec {
     Mla(MlaSpec),
     /// gpt-oss.
     GptOss(GptOssSpec),
+    /// DeepSeek-V4.
+    V4(V4Spec),
 }
 
 /// Dimensions of one known model (or of a scaled-down variant after overrides).
@@ -278,6 +341,8 @@ pub enum TensorKind {
     RoutedExpert,
     /// The token embedding table: one row is read per token.
     Embedding,
+    /// An index table (DeepSeek-V4's `tid2eid`): not parameters, one row read per token.
+    Lookup,
 }
 
 /// One tensor of the synthetic checkpoint.
@@ -319,6 +384,7 @@ pub fn param_counts(shape: &ShapeSpec, tensors: &[TensorPlan]) -> (u64, u64) {
             TensorKind::Dense => dense += t.numel(),
             TensorKind::RoutedExpert => expert += t.numel(),
             TensorKind::Embedding => embed += t.numel(),
+            TensorKind::Lookup => {}
         }
     }
     let active_experts = if shape.experts == 0 {

@@ -54,12 +54,21 @@ impl Table {
             .sqrt()
             .max(1e-12);
         let mut bytes = Vec::with_capacity(TABLE_LEN * dtype.size());
+        if dtype == SynthDtype::I64 {
+            // Integers uniform in `[mean, mean + std)`: expert ids of a hash table.
+            for _ in 0..TABLE_LEN {
+                let v = init.mean as i64 + (rng.next_f64() * init.std as f64) as i64;
+                bytes.extend_from_slice(&v.to_le_bytes());
+            }
+            return Self { init, dtype, bytes };
+        }
         for x in z {
             let v = (init.mean as f64 + init.std as f64 * (x - m) / sd) as f32;
             match dtype {
                 SynthDtype::F32 => bytes.extend_from_slice(&v.to_le_bytes()),
                 SynthDtype::Bf16 => bytes.extend_from_slice(&bf16::from_f32(v).to_le_bytes()),
                 SynthDtype::F16 => bytes.extend_from_slice(&f16::from_f32(v).to_le_bytes()),
+                SynthDtype::I64 => unreachable!("integer tables are filled above"),
             }
         }
         Self { init, dtype, bytes }
@@ -72,6 +81,7 @@ fn dtype_tag(d: SynthDtype) -> &'static str {
         SynthDtype::F32 => "F32",
         SynthDtype::Bf16 => "BF16",
         SynthDtype::F16 => "F16",
+        SynthDtype::I64 => "I64",
     }
 }
 
@@ -102,6 +112,7 @@ fn generate(job: &Job, seed: u64, buf: &mut Vec<u8>) {
         buf.resize(len, 0);
     }
     match size {
+        8 => fill::<8>(buf, &job.table.bytes, &mut rng),
         4 => fill::<4>(buf, &job.table.bytes, &mut rng),
         _ => fill::<2>(buf, &job.table.bytes, &mut rng),
     }

@@ -7,17 +7,17 @@ use super::{
 };
 
 /// Collects tensors in module order (embeddings, layer by layer, final norm, head).
-struct Builder {
-    dtype: SynthDtype,
-    out: Vec<TensorPlan>,
+pub(super) struct Builder {
+    pub(super) dtype: SynthDtype,
+    pub(super) out: Vec<TensorPlan>,
 }
 
 impl Builder {
-    fn add(&mut self, name: String, shape: &[usize], init: Init) {
+    pub(super) fn add(&mut self, name: String, shape: &[usize], init: Init) {
         self.add_as(name, shape, init, self.dtype, TensorKind::Dense);
     }
 
-    fn add_as(
+    pub(super) fn add_as(
         &mut self,
         name: String,
         shape: &[usize],
@@ -35,7 +35,7 @@ impl Builder {
     }
 
     /// A linear layer `prefix.weight` (+ `prefix.bias`).
-    fn linear(&mut self, prefix: &str, out: usize, inp: usize, bias: bool) {
+    pub(super) fn linear(&mut self, prefix: &str, out: usize, inp: usize, bias: bool) {
         self.add(format!("{prefix}.weight"), &[out, inp], WEIGHT);
         if bias {
             self.add(format!("{prefix}.bias"), &[out], BIAS);
@@ -201,6 +201,9 @@ impl Builder {
 
 /// Every tensor of `shape` (after overrides) in the hub naming, in module order.
 pub fn tensor_plan(shape: &ShapeSpec, dtype: SynthDtype) -> Vec<TensorPlan> {
+    if let ArchSpec::V4(v) = &shape.spec {
+        return super::plan_v4::v4_plan(shape, v, dtype);
+    }
     let s = shape;
     let h = s.hidden;
     // Router logits get unit-ish spread whatever the hidden size, so routing varies

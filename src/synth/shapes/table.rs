@@ -1,9 +1,9 @@
 //! The known shapes, with the values of their hub `config.json`.
 
-use super::{Arch, ArchSpec, GptOssSpec, HybridSpec, MlaSpec, ShapeSpec, YarnSpec};
+use super::{Arch, ArchSpec, GptOssSpec, HybridSpec, MlaSpec, ShapeSpec, V4Spec, YarnSpec};
 
 /// The shapes `synth` knows.
-pub(super) static SHAPES: [ShapeSpec; 10] = [
+pub(super) static SHAPES: [ShapeSpec; 11] = [
     ShapeSpec {
         name: "qwen3-30b-a3b",
         aliases: &["qwen3-30b-a3b-instruct-2507", "qwen3-30b-a3b-thinking-2507"],
@@ -317,6 +317,59 @@ pub(super) static SHAPES: [ShapeSpec; 10] = [
         max_window_layers: 0,
         transformers_version: "4.55.0.dev0",
         spec: ArchSpec::GptOss(GPT_OSS),
+    },
+    ShapeSpec {
+        // 284 B parameters, 13 B active. The hub checkpoint stores experts in MXFP4 and the
+        // attention in FP8; this writes them in `dtype`. Layer kinds follow transformers'
+        // default pattern (two HCA layers, then CSA/HCA alternating).
+        name: "deepseek-v4-flash",
+        aliases: &["deepseek-v4"],
+        arch: Arch::DeepseekV4,
+        hidden: 4096,
+        layers: 43,
+        heads: 64,
+        kv_heads: 1,
+        head_dim: 512,
+        experts: 256,
+        top_k: 6,
+        moe_intermediate: 2048,
+        intermediate: 0,
+        shared_intermediate: 2048,
+        first_dense_layers: 0,
+        vocab: 129280,
+        max_position_embeddings: 1048576,
+        rope_theta: 10000.0,
+        rms_norm_eps: 1e-6,
+        norm_topk_prob: true,
+        qkv_bias: false,
+        qk_norm: false,
+        max_window_layers: 0,
+        transformers_version: "5.24.0",
+        spec: ArchSpec::V4(V4Spec {
+            hc_mult: 4,
+            q_lora_rank: 1024,
+            o_groups: 8,
+            o_lora_rank: 1024,
+            index_heads: 64,
+            index_head_dim: 128,
+            index_topk: 512,
+            sliding_window: 128,
+            csa_rate: 4,
+            hca_rate: 128,
+            hash_layers: 3,
+            qk_rope_head_dim: 64,
+            swiglu_limit: 10.0,
+            routed_scaling_factor: 1.5,
+            compress_rope_theta: 160000.0,
+            yarn: YarnSpec {
+                factor: 16.0,
+                original_max_position: 65536,
+                beta_fast: 32.0,
+                beta_slow: 1.0,
+                mscale: None,
+                truncate: None,
+            },
+        }),
     },
 ];
 
