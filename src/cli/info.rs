@@ -85,7 +85,8 @@ pub fn run(a: InfoArgs) -> Result<()> {
     println!("read per token   {} (decode, batch 1)", format_bytes(st.bytes_per_token));
     println!("KV cache         {} per token ({}); context {}", format_bytes(st.kv_bytes_per_token), info.kv_dtype, info.context);
     if st.state_bytes_per_sequence > 0 {
-        println!("recurrent state  {} per sequence (linear-attention layers)", format_bytes(st.state_bytes_per_sequence));
+        let what = if cfg.v4.is_some() { "compressor windows in progress" } else { "linear-attention layers" };
+        println!("recurrent state  {} per sequence ({what})", format_bytes(st.state_bytes_per_sequence));
     }
     println!("backend          {}", info.backend);
     println!("bandwidths       B_P {:.2} GB/s host→device, B_H {:.2} GB/s CPU experts ({})", info.b_p / 1e9, info.b_h / 1e9, info.bandwidth_source);
@@ -111,7 +112,18 @@ pub fn run(a: InfoArgs) -> Result<()> {
 
 /// How many layers use each token mixer, in a fixed order.
 fn layer_kinds(cfg: &crate::model::ModelConfig) -> Vec<(&'static str, usize)> {
-    use crate::model::config::LayerKind;
+    use crate::model::config::{LayerKind, V4Attention};
+    if let Some(v4) = &cfg.v4 {
+        let n = |k: V4Attention| v4.attention.iter().filter(|a| **a == k).count();
+        return [
+            ("sliding-window", n(V4Attention::Sliding)),
+            ("compressed-sparse (CSA)", n(V4Attention::CompressedSparse)),
+            ("heavily-compressed (HCA)", n(V4Attention::HeavilyCompressed)),
+        ]
+        .into_iter()
+        .filter(|(_, n)| *n > 0)
+        .collect();
+    }
     let full = if cfg.mla.is_some() { "latent-attention" } else { "full-attention" };
     [(full, LayerKind::FullAttention), ("sliding-window", LayerKind::SlidingAttention), ("linear-attention", LayerKind::LinearAttention)]
         .into_iter()

@@ -105,7 +105,10 @@ pub(super) async fn spawn(
     let mut st = stats(&model);
     // A backend that cannot write (or attend over) the narrow cache type keeps f32; sizes its
     // attention kernel cannot take fall back to the CPU's, which reads every type.
-    let kv_dtype = if backend.supports_store(config.kv_dtype) && backend.supports(ft_backend::Op::Attention, config.kv_dtype) {
+    let kv_dtype = if cfg.v4.is_some() {
+        // DeepSeek-V4's attention reads its state on the host, in f32.
+        ft_backend::DType::F32
+    } else if backend.supports_store(config.kv_dtype) && backend.supports(ft_backend::Op::Attention, config.kv_dtype) {
         config.kv_dtype
     } else {
         tracing::warn!("the {} backend cannot keep a {} KV cache: using f32", backend.kind(), config.kv_dtype);

@@ -125,6 +125,12 @@ pub fn bytes_by_format(model: &Model) -> Vec<(&'static str, u64)> {
     for b in bufs {
         add_buf(b);
     }
+    // DeepSeek-V4's host-side f32 values.
+    let host_f32 = model.hc_head.as_ref().map_or(0, |h| (h.fn_w.len() + h.base.len() + 1) as u64)
+        + model.layers().iter().map(|l| host_params(&l.mixer)).sum::<u64>();
+    if host_f32 > 0 {
+        *acc.entry("f32").or_default() += 4 * host_f32;
+    }
     let mut out: Vec<(&'static str, u64)> = acc.into_iter().collect();
     for m in host {
         match out.iter_mut().find(|(n, _)| *n == m.dtype.name()) {

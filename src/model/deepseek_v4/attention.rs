@@ -14,6 +14,20 @@ use crate::model::forward::{download_f32, scratch};
 use crate::model::weights::Linear;
 use crate::model::ModelError;
 use ft_backend::{Backend, DeviceBuffer, MatmulDesc, StreamId};
+use rayon::prelude::*;
+
+/// `a · b` in eight independent lanes, so that the compiler vectorises it.
+pub(super) fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0f32; 8];
+    let (ac, bc) = (a.chunks_exact(8), b.chunks_exact(8));
+    let tail: f32 = ac.remainder().iter().zip(bc.remainder()).map(|(x, y)| x * y).sum();
+    for (x, y) in ac.zip(bc) {
+        for l in 0..8 {
+            acc[l] += x[l] * y[l];
+        }
+    }
+    acc.iter().sum::<f32>() + tail
+}
 
 /// What every layer of one forward pass shares.
 pub(super) struct Ctx<'a> {
@@ -145,33 +159,36 @@ pub(super) fn attention(ctx: &Ctx, w: &V4Layer, ls: &mut LayerState, past: usize
     let lo = (past + 1).saturating_sub(window);
     let rows = read(be, kv_rows, lo * hd, (past + t - lo) * hd)?;
     let scale = cfg.attention_scale;
+    // Each query's keys: its window, then the compressed entries it sees.
+    let keys: Vec<Vec<&[f32]>> = (0..t)
+        .map(|i| {
+            let p = past + i;
+            let first = (p + 1).saturating_sub(window);
+            let mut keys: Vec<&[f32]> = (first..=p).map(|j| &rows[(j - lo) * hd..(j - lo + 1) * hd]).collect();
+            if let Some(c) = &w.compressor {
+                match &chosen {
+                    Some(sel) => keys.extend(sel[i].iter().map(|&e| &comp[e * hd..(e + 1) * hd])),
+                    None => keys.extend((0..(p + 1) / c.rate).map(|e| &comp[e * hd..(e + 1) * hd])),
+                }
+            }
+            keys
+        })
+        .collect();
     let mut out = vec![0f32; t * nh * hd];
-    for i in 0..t {
-        let p = past + i;
-        let first = (p + 1).saturating_sub(window);
-        let mut keys: Vec<&[f32]> = (first..=p).map(|j| &rows[(j - lo) * hd..(j - lo + 1) * hd]).collect();
-        if let Some(c) = &w.compressor {
-            let visible = (p + 1) / c.rate;
-            match &chosen {
-                Some(sel) => keys.extend(sel[i].iter().map(|&e| &comp[e * hd..(e + 1) * hd])),
-                None => keys.extend((0..visible).map(|e| &comp[e * hd..(e + 1) * hd])),
-            }
+    out.par_chunks_mut(hd).zip(q.par_chunks(hd)).enumerate().for_each(|(at, (o, qh))| {
+        let (i, head) = (at / nh, at % nh);
+        let keys = &keys[i];
+        let logits: Vec<f32> = keys.iter().map(|k| dot(qh, k) * scale).collect();
+        let sink = w.sinks[head];
+        let max = logits.iter().copied().fold(sink, f32::max);
+        let probs: Vec<f32> = logits.iter().map(|l| (l - max).exp()).collect();
+        let den = probs.iter().sum::<f32>() + (sink - max).exp();
+        for (pr, k) in probs.iter().zip(keys) {
+            let a = pr / den;
+            o.iter_mut().zip(*k).for_each(|(o, k)| *o += a * k);
         }
-        for head in 0..nh {
-            let qh = &q[(i * nh + head) * hd..(i * nh + head + 1) * hd];
-            let logits: Vec<f32> = keys.iter().map(|k| qh.iter().zip(*k).map(|(a, b)| a * b).sum::<f32>() * scale).collect();
-            let sink = w.sinks[head];
-            let max = logits.iter().copied().fold(sink, f32::max);
-            let probs: Vec<f32> = logits.iter().map(|l| (l - max).exp()).collect();
-            let den = probs.iter().sum::<f32>() + (sink - max).exp();
-            let o = &mut out[(i * nh + head) * hd..(i * nh + head + 1) * hd];
-            for (pr, k) in probs.iter().zip(&keys) {
-                let a = pr / den;
-                o.iter_mut().zip(*k).for_each(|(o, k)| *o += a * k);
-            }
-            rope.rotate(o, p, -1.0);
-        }
-    }
+        rope.rotate(o, past + i, -1.0);
+    });
 
     // Grouped output projection: each group of heads through its own block of `wo_a`.
     let (groups, rank) = (v4.o_groups, v4.o_lora_rank);
@@ -205,6 +222,7 @@ fn select(ctx: &Ctx, ix: &super::Indexer, q_res: &[f32], x: &[f32], keys: &[f32]
     let (softmax_scale, weight_scale) = (1.0 / (d as f32).sqrt(), 1.0 / (heads as f32).sqrt());
     let rate = ix.compressor.rate;
     Ok((0..t)
+        .into_par_iter()
         .map(|i| {
             let visible = (past + i + 1) / rate;
             let scores: Vec<f32> = (0..visible)
@@ -213,8 +231,7 @@ fn select(ctx: &Ctx, ix: &super::Indexer, q_res: &[f32], x: &[f32], keys: &[f32]
                     (0..heads)
                         .map(|hh| {
                             let qh = &q[(i * heads + hh) * d..(i * heads + hh + 1) * d];
-                            let dot: f32 = qh.iter().zip(k).map(|(a, b)| a * b).sum();
-                            dot.max(0.0) * softmax_scale * (weights[i * heads + hh] * weight_scale)
+                            dot(qh, k).max(0.0) * softmax_scale * (weights[i * heads + hh] * weight_scale)
                         })
                         .sum()
                 })
