@@ -22,15 +22,18 @@ pub enum QuantFormat {
     Nvfp4,
     /// gpt-oss MXFP4 experts.
     Mxfp4,
+    /// DeepSeek-V4's published layout: FP8 with E8M0 block scales, FP4 routed experts.
+    Fp8Fp4,
 }
 
 impl QuantFormat {
-    /// Parses `fp8`, `nvfp4`, `mxfp4`.
+    /// Parses `fp8`, `nvfp4`, `mxfp4`, `fp8-fp4` (alias `deepseek-v4`).
     pub fn parse(s: &str) -> Option<QuantFormat> {
         match s.to_ascii_lowercase().as_str() {
             "fp8" => Some(QuantFormat::Fp8),
             "nvfp4" => Some(QuantFormat::Nvfp4),
             "mxfp4" => Some(QuantFormat::Mxfp4),
+            "fp8-fp4" | "deepseek-v4" => Some(QuantFormat::Fp8Fp4),
             _ => None,
         }
     }
@@ -93,12 +96,18 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> QuantizeError + '_ {
 fn is_quantized_linear(name: &str, shape: &[usize]) -> bool {
     shape.len() == 2
         && name.ends_with(".weight")
-        && name.contains(".layers.")
+        && (name.contains(".layers.") || name.starts_with("layers."))
+        && !name.ends_with(".ffn.gate.weight")
         && !name.contains("norm")
         && !name.ends_with(".mlp.gate.weight")
         && !name.ends_with("shared_expert_gate.weight")
         && !name.contains(".router.")
         && !name.contains("conv1d")
+}
+
+/// A DeepSeek-V4 routed expert's projection (`layers.{i}.ffn.experts.{e}.w{1,2,3}.weight`).
+fn is_v4_expert(name: &str) -> bool {
+    name.contains(".ffn.experts.")
 }
 
 fn f32s(v: &[f32]) -> Vec<u8> {
@@ -119,6 +128,60 @@ fn fp8(name: &str, w: &[f32], rows: usize, cols: usize) -> (Vec<Out>, Vec<f32>) 
     let deq = (0..rows * cols).map(|i| e4m3_to_f32(codes[i]) * scales[(i / cols / B) * sc + (i % cols) / B]).collect();
     let base = name.trim_end_matches(".weight");
     (vec![(name.into(), "F8_E4M3", vec![rows, cols], codes), (format!("{base}.weight_scale_inv"), "F32", vec![sr, sc], f32s(&scales))], deq)
+}
+
+/// DeepSeek-V4's linear layers that its checkpoints keep in BF16: the compressors' and the
+/// indexer's projections (transformers lists them in `_keep_in_fp32_modules`).
+fn v4_keeps_unquantized(name: &str) -> bool {
+    [".compressor.wkv.", ".compressor.wgate.", ".indexer.weights_proj."].iter().any(|p| name.contains(p))
+}
+
+/// An E8M0 power of two at or above `amax / max` (DeepSeek-V4's `ue8m0` scales).
+fn ue8m0_code(amax: f32, max: f32) -> u8 {
+    if amax <= 0.0 || !amax.is_finite() {
+        return 127;
+    }
+    ((amax / max).log2().ceil() as i32 + 127).clamp(0, 254) as u8
+}
+
+/// DeepSeek-V4's FP8: E4M3 codes with an E8M0 `.scale` per 128×128 block.
+fn fp8_ue8m0(name: &str, w: &[f32], rows: usize, cols: usize) -> (Vec<Out>, Vec<f32>) {
+    const B: usize = 128;
+    let (sr, sc) = (rows.div_ceil(B), cols.div_ceil(B));
+    let codes_s: Vec<u8> = (0..sr * sc)
+        .map(|i| {
+            let (br, bc) = (i / sc, i % sc);
+            let cs = bc * B..((bc + 1) * B).min(cols);
+            ue8m0_code((br * B..((br + 1) * B).min(rows)).map(|r| amax(&w[r * cols..][cs.clone()])).fold(0.0, f32::max), 448.0)
+        })
+        .collect();
+    let scale = |i: usize| e8m0_to_f32(codes_s[(i / cols / B) * sc + (i % cols) / B]);
+    let codes: Vec<u8> = (0..rows * cols).map(|i| f32_to_e4m3(w[i] / scale(i))).collect();
+    let deq = (0..rows * cols).map(|i| e4m3_to_f32(codes[i]) * scale(i)).collect();
+    let base = name.trim_end_matches(".weight");
+    (vec![(name.into(), "F8_E4M3", vec![rows, cols], codes), (format!("{base}.scale"), "F8_E8M0", vec![sr, sc], codes_s)], deq)
+}
+
+/// DeepSeek-V4's FP4 experts: E2M1 pairs in `I8` (value `2j` in the low nibble), an E8M0
+/// `.scale` per 32 values of a row.
+fn fp4_ue8m0(name: &str, w: &[f32], rows: usize, cols: usize) -> (Vec<Out>, Vec<f32>) {
+    let nb = cols / 32;
+    let (mut packed, mut scales, mut deq) = (vec![0u8; rows * cols / 2], vec![0u8; rows * nb], vec![0f32; rows * cols]);
+    for r in 0..rows {
+        for b in 0..nb {
+            let at = r * cols + b * 32;
+            let (code, q) = mxfp4_group(&w[at..at + 32]);
+            scales[r * nb + b] = code;
+            for j in 0..16 {
+                packed[at / 2 + j] = q[2 * j] | (q[2 * j + 1] << 4);
+            }
+            for (d, c) in deq[at..at + 32].iter_mut().zip(q) {
+                *d = e2m1_to_f32(c) * e8m0_to_f32(code);
+            }
+        }
+    }
+    let base = name.trim_end_matches(".weight");
+    (vec![(name.into(), "I8", vec![rows, cols / 2], packed), (format!("{base}.scale"), "F8_E8M0", vec![rows, nb], scales)], deq)
 }
 
 /// ModelOpt NVFP4: global `amax/(6·448)`, E4M3 scale per 16, E2M1 pairs low nibble first.
@@ -226,6 +289,9 @@ pub fn quantize_checkpoint(opts: &QuantizeOptions, mut progress: impl FnMut(usiz
         return Err(QuantizeError::Unsupported(format!("{} is already quantized", src.display())));
     }
     let model_type = config.get("model_type").and_then(|m| m.as_str()).unwrap_or("").to_string();
+    if opts.format == QuantFormat::Fp8Fp4 && model_type != "deepseek_v4" {
+        return Err(QuantizeError::Unsupported(format!("fp8-fp4 is DeepSeek-V4's published layout; {} is `{model_type}`: use fp8 or nvfp4", src.display())));
+    }
     if opts.format == QuantFormat::Mxfp4 && model_type != "gpt_oss" {
         return Err(QuantizeError::Unsupported(format!(
             "mxfp4 is written in gpt-oss's published layout (its experts only); {} is `{model_type}`: use fp8 or nvfp4",
@@ -273,6 +339,7 @@ pub fn quantize_checkpoint(opts: &QuantizeOptions, mut progress: impl FnMut(usiz
                 QuantFormat::Mxfp4 => (n.ends_with("experts.gate_up_proj") || n.ends_with("experts.down_proj")) && shape.len() == 3 && shape[1] % 32 == 0,
                 QuantFormat::Nvfp4 => is_quantized_linear(n, &shape) && shape[1] % 16 == 0,
                 QuantFormat::Fp8 => is_quantized_linear(n, &shape),
+                QuantFormat::Fp8Fp4 => is_quantized_linear(n, &shape) && !v4_keeps_unquantized(n) && (!is_v4_expert(n) || shape[1] % 32 == 0),
             } && matches!(t.dtype, FileDType::Float(_));
             if !quantize {
                 if matches!(t.dtype, FileDType::Float(_)) && t.name.ends_with(".weight") && shape.len() == 2 && t.name.contains(".layers.") {
@@ -287,6 +354,8 @@ pub fn quantize_checkpoint(opts: &QuantizeOptions, mut progress: impl FnMut(usiz
                     QuantFormat::Fp8 => fp8(n, &values(), shape[0], shape[1]),
                     QuantFormat::Nvfp4 => nvfp4(n, &values(), shape[0], shape[1]),
                     QuantFormat::Mxfp4 => mxfp4(n, &values(), shape[0], shape[1], shape[2]),
+                    QuantFormat::Fp8Fp4 if is_v4_expert(n) => fp4_ue8m0(n, &values(), shape[0], shape[1]),
+                    QuantFormat::Fp8Fp4 => fp8_ue8m0(n, &values(), shape[0], shape[1]),
                 };
                 outs.extend(o);
                 twins.push((n.clone(), "F32", shape, f32s(&deq)));
@@ -329,6 +398,7 @@ pub fn quantize_checkpoint(opts: &QuantizeOptions, mut progress: impl FnMut(usiz
     let qc = match opts.format {
         QuantFormat::Fp8 => json!({"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": [128, 128], "modules_to_not_convert": skipped}),
         QuantFormat::Nvfp4 => json!({"quant_method": "modelopt", "quant_algo": "NVFP4", "group_size": 16, "ignore": skipped}),
+        QuantFormat::Fp8Fp4 => json!({"quant_method": "fp8", "fmt": "e4m3", "scale_fmt": "ue8m0", "activation_scheme": "dynamic", "weight_block_size": [128, 128], "expert_dtype": "fp4"}),
         QuantFormat::Mxfp4 => json!({"quant_method": "mxfp4", "modules_to_not_convert": ["model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]}),
     };
     if opts.format == QuantFormat::Nvfp4 {

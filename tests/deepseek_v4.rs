@@ -209,3 +209,46 @@ fn deepseek_v4_legacy_config_keys_read_the_same() {
     let legacy = ft_actor::model::ModelConfig::from_json(&c, &path).unwrap();
     assert_eq!(legacy, modern);
 }
+
+/// DeepSeek-V4's published layout (FP8 with E8M0 `.scale` per 128×128 block, FP4 routed
+/// experts with an E8M0 `.scale` per 32, compressor and indexer projections kept unquantized)
+/// written from the fixture: experts stay packed as MXFP4, and the logits equal those of the
+/// f32 twin holding exactly the decoded values (1e-3, f32 products of the dequantized weights),
+/// with identical greedy tokens.
+#[test]
+fn deepseek_v4_published_fp8_fp4_layout_matches_its_twin() {
+    use ft_actor::quantize::{quantize_checkpoint, QuantFormat, QuantizeOptions};
+    let base = std::env::temp_dir().join(format!("ft-v4-fp8fp4-{}", std::process::id()));
+    let (out, twin) = (base.join("q"), base.join("twin"));
+    let opts = QuantizeOptions { model: fixture(NAME).join("checkpoint"), out: out.clone(), format: QuantFormat::Fp8Fp4, overwrite: true, twin: Some(twin.clone()) };
+    let report = quantize_checkpoint(&opts, |_, _| {}).unwrap();
+    assert!(report.quantized > 0 && report.bytes_out < report.bytes_in, "{report:?}");
+    let files = ft_actor::model::WeightFiles::open(&out).unwrap();
+    let tag = |n: &str| files.get_raw(n).unwrap().dtype.tag();
+    assert_eq!(tag("layers.0.attn.wq_a.weight"), "F8_E4M3");
+    assert_eq!(tag("layers.0.attn.wq_a.scale"), "F8_E8M0");
+    assert_eq!(tag("layers.2.ffn.experts.3.w2.weight"), "I8");
+    assert_eq!(tag("layers.1.attn.compressor.wkv.weight"), "F32", "compressor projections stay unquantized");
+    let (mq, mt) = (
+        ft_actor::model::Model::load(&out, cpu_backend(), &mut |_, _| {}).unwrap(),
+        ft_actor::model::Model::load(&twin, cpu_backend(), &mut |_, _| {}).unwrap(),
+    );
+    assert_eq!(mq.experts(2)[0].gate.dtype, ft_backend::DType::Mxfp4, "experts stay packed");
+    assert_eq!(ft_actor::model::info::stats(&mq).expert_format, "mxfp4");
+    let r = reference_json(NAME);
+    for (p, ids) in prompts(&r).iter().enumerate() {
+        let mut sq = SequenceState::new(&mq, ids.len() + 16).unwrap();
+        let mut st = SequenceState::new(&mt, ids.len() + 16).unwrap();
+        let lq = mq.forward(&mut sq, ids, Logits::All).unwrap();
+        let lt = mt.forward(&mut st, ids, Logits::All).unwrap();
+        let d = max_abs_diff(&lq, &lt);
+        assert!(d <= LOGIT_TOL, "p{p}: quantized vs twin logits differ by {d}");
+        let (mut a, mut b) = (argmax(&lq[lq.len() - mq.config().vocab_size..]), argmax(&lt[lt.len() - mt.config().vocab_size..]));
+        for s in 0..16 {
+            assert_eq!(a, b, "p{p}: greedy token {s}");
+            a = argmax(&mq.forward(&mut sq, &[a], Logits::Last).unwrap());
+            b = argmax(&mt.forward(&mut st, &[b], Logits::Last).unwrap());
+        }
+    }
+    std::fs::remove_dir_all(&base).ok();
+}

@@ -13,7 +13,7 @@ pub struct QuantizeArgs {
     #[arg(long)]
     model: PathBuf,
     /// Layout to write: fp8 (128×128 block scales, as DeepSeek-V3 and Qwen-FP8), nvfp4
-    /// (ModelOpt), mxfp4 (gpt-oss experts).
+    /// (ModelOpt), mxfp4 (gpt-oss experts), fp8-fp4 (DeepSeek-V4: E8M0 block scales, FP4 experts).
     #[arg(long)]
     format: String,
     /// Output folder.
@@ -30,7 +30,7 @@ pub struct QuantizeArgs {
 
 /// `quantize`.
 pub fn run(a: QuantizeArgs) -> Result<()> {
-    let format = QuantFormat::parse(&a.format).ok_or_else(|| anyhow!("unknown --format `{}`: use fp8, nvfp4 or mxfp4", a.format))?;
+    let format = QuantFormat::parse(&a.format).ok_or_else(|| anyhow!("unknown --format `{}`: use fp8, nvfp4, mxfp4 or fp8-fp4", a.format))?;
     let opts = QuantizeOptions { model: a.model.clone(), out: a.out.clone(), format, overwrite: a.overwrite, twin: a.dequantized_twin.clone() };
     let bar = if std::io::stderr().is_terminal() { indicatif::ProgressBar::new(0) } else { indicatif::ProgressBar::hidden() };
     bar.set_style(

@@ -5,7 +5,9 @@
 //! per `weight_block_size` block, or a per-tensor/per-channel `weight_scale`), NVFP4 as
 //! ModelOpt writes it (`weight` U8 pairs + `weight_scale` F8_E4M3 per 16 + `weight_scale_2`)
 //! and as compressed-tensors writes it (`weight_packed`, `weight_scale`, and a
-//! `weight_global_scale` that divides), and gpt-oss's MXFP4 experts (`*_blocks`/`*_scales`).
+//! `weight_global_scale` that divides), gpt-oss's MXFP4 experts (`*_blocks`/`*_scales`), and
+//! DeepSeek-V4's layout (FP8 with E8M0 block scales named `.scale`, experts as FP4 pairs in
+//! `I8` with an E8M0 `.scale` per 32).
 //! Modules a scheme leaves unconverted are simply stored in BF16/F16/F32 and load as such.
 //!
 //! Repacking copies the stored codes and scales bit for bit into self-contained blocks; no
@@ -33,7 +35,7 @@ pub enum QuantError {
 }
 
 /// What [`QuantError::Unsupported`] lists.
-pub const SUPPORTED: &str = "fp8 (block-scaled or per-tensor E4M3), modelopt NVFP4/FP8, compressed-tensors nvfp4-pack-quantized, mxfp4 (gpt-oss), or unquantized F32/F16/BF16";
+pub const SUPPORTED: &str = "fp8 (block-scaled or per-tensor E4M3; with DeepSeek-V4's ue8m0 scales and FP4 experts), modelopt NVFP4/FP8, compressed-tensors nvfp4-pack-quantized, mxfp4 (gpt-oss), or unquantized F32/F16/BF16";
 
 /// The quantization scheme of a checkpoint folder.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -156,6 +158,7 @@ pub fn load_matrix(files: &WeightFiles, scheme: &QuantScheme, base: &str, rows: 
     match files.file_dtype(&name) {
         Some(FileDType::F8E4M3) => Ok(fp8(files, scheme, base, rows, cols)?),
         Some(FileDType::U8) if files.contains(&format!("{base}.weight_scale_2")) => Ok(modelopt_nvfp4(files, base, rows, cols)?),
+        Some(FileDType::I8) if files.contains(&format!("{base}.scale")) => Ok(fp4_e8m0(files, base, rows, cols)?),
         Some(FileDType::Packed(dtype)) => {
             let t = raw(files, &name)?;
             if t.shape != [rows, cols] || t.bytes.len() != rows * dtype.row_bytes(cols) {
@@ -201,9 +204,10 @@ fn fp8(files: &WeightFiles, scheme: &QuantScheme, base: &str, rows: usize, cols:
     let w = raw(files, &format!("{base}.weight"))?;
     expect(&w, &[FileDType::F8E4M3], &[&[rows, cols]])?;
     let floats = [FileDType::Float(DType::F32), FileDType::Float(DType::BF16), FileDType::Float(DType::F16)];
-    // The scale of each (row, 128-column block) of the packed layout.
-    let inv_name = format!("{base}.weight_scale_inv");
-    let scale_of: Box<dyn Fn(usize, usize) -> f32> = if files.contains(&inv_name) {
+    // The scale of each (row, 128-column block) of the packed layout. DeepSeek-V4 names the
+    // block scales `.scale` and stores them as E8M0 (`ue8m0`).
+    let inv_name = [format!("{base}.weight_scale_inv"), format!("{base}.scale")].into_iter().find(|n| files.contains(n));
+    let scale_of: Box<dyn Fn(usize, usize) -> f32> = if let Some(inv_name) = inv_name {
         let s = raw(files, &inv_name)?;
         let (b0, b1) = match scheme {
             QuantScheme::Fp8 { block: Some(b) } => *b,
@@ -215,8 +219,8 @@ fn fp8(files: &WeightFiles, scheme: &QuantScheme, base: &str, rows: usize, cols:
             return Err(tensor_err(&s, format!("weight_block_size [{b0}, {b1}]: the column block must be a multiple of 128 (the engine's FP8 block)")).into());
         }
         let (sr, sc) = (rows.div_ceil(b0), cols.div_ceil(b1));
-        expect(&s, &floats, &[&[sr, sc]])?;
-        let v = s.to_f32().unwrap_or_default();
+        expect(&s, &[&floats[..], &[FileDType::F8E8M0, FileDType::U8]].concat(), &[&[sr, sc]])?;
+        let v = e8m0_or_float(&s);
         Box::new(move |r, c| v[(r / b0) * sc + c / b1])
     } else {
         let s = raw(files, &format!("{base}.weight_scale"))?;
@@ -241,6 +245,37 @@ fn fp8(files: &WeightFiles, scheme: &QuantScheme, base: &str, rows: usize, cols:
         }
     }
     Ok(PackedMatrix { bytes: HostBytes::from_vec(out), dtype })
+}
+
+/// A scale tensor's values: floats as they are, E8M0 (`F8_E8M0`, or its bytes as `U8`) as
+/// powers of two.
+fn e8m0_or_float(t: &RawTensor) -> Vec<f32> {
+    match t.dtype {
+        FileDType::U8 => t.bytes.as_slice().iter().map(|c| ft_backend::quant::e8m0_to_f32(*c)).collect(),
+        _ => t.to_f32().unwrap_or_default(),
+    }
+}
+
+/// DeepSeek-V4's FP4 experts: `weight` I8 `[rows, cols/2]` (value `2j` in the low nibble of
+/// byte `j`) and `scale` E8M0 `[rows, cols/32]`, which is MXFP4: repacked into its blocks.
+fn fp4_e8m0(files: &WeightFiles, base: &str, rows: usize, cols: usize) -> Result<PackedMatrix, super::ModelError> {
+    let w = raw(files, &format!("{base}.weight"))?;
+    if cols % 32 != 0 {
+        return Err(tensor_err(&w, format!("FP4 with a scale per 32 needs the input size to be a multiple of 32, found {cols}")).into());
+    }
+    let nb = cols / 32;
+    expect(&w, &[FileDType::I8, FileDType::U8], &[&[rows, cols / 2]])?;
+    let s = raw(files, &format!("{base}.scale"))?;
+    expect(&s, &[FileDType::F8E8M0, FileDType::U8], &[&[rows, nb]])?;
+    let (b, sc) = (w.bytes.as_slice(), s.bytes.as_slice());
+    let mut out = Vec::with_capacity(rows * DType::Mxfp4.row_bytes(cols));
+    for i in 0..rows * nb {
+        out.push(sc[i]);
+        let src = &b[i * 16..i * 16 + 16];
+        let nib = |v: usize| (src[v / 2] >> (4 * (v % 2))) & 0x0f;
+        out.extend((0..16).map(|j| nib(j) | (nib(j + 16) << 4)));
+    }
+    Ok(PackedMatrix { bytes: HostBytes::from_vec(out), dtype: DType::Mxfp4 })
 }
 
 /// Packs NVFP4 rows: `data [rows, cols/2]` (low nibble first), E4M3 `scales [rows, cols/16]`,

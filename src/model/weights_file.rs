@@ -49,6 +49,8 @@ pub enum FileDType {
     Float(DType),
     /// `F8_E4M3` (`float8_e4m3fn`): FP8 weights and NVFP4 block scales.
     F8E4M3,
+    /// `F8_E8M0` (`float8_e8m0fnu`): power-of-two block scales (DeepSeek-V4's `ue8m0`).
+    F8E8M0,
     /// `U8`: packed 4-bit values, E8M0 scales.
     U8,
     /// `I8`.
@@ -70,6 +72,7 @@ impl FileDType {
             "F16" => FileDType::Float(DType::F16),
             "BF16" => FileDType::Float(DType::BF16),
             "F8_E4M3" => FileDType::F8E4M3,
+            "F8_E8M0" => FileDType::F8E8M0,
             "U8" => FileDType::U8,
             "I8" => FileDType::I8,
             "I32" => FileDType::I32,
@@ -81,7 +84,7 @@ impl FileDType {
     pub fn size(self) -> usize {
         match self {
             FileDType::Float(d) => d.size(),
-            FileDType::F8E4M3 | FileDType::U8 | FileDType::I8 => 1,
+            FileDType::F8E4M3 | FileDType::F8E8M0 | FileDType::U8 | FileDType::I8 => 1,
             FileDType::I32 => 4,
             FileDType::I64 => 8,
             FileDType::Packed(d) => d.size(),
@@ -94,6 +97,7 @@ impl FileDType {
             FileDType::Float(DType::BF16) => "BF16",
             FileDType::Float(_) => "F32",
             FileDType::F8E4M3 => "F8_E4M3",
+            FileDType::F8E8M0 => "F8_E8M0",
             FileDType::U8 => "U8",
             FileDType::I8 => "I8",
             FileDType::I32 => "I32",
@@ -132,6 +136,7 @@ impl RawTensor {
         match self.dtype {
             FileDType::Float(d) => ft_backend::dtype::to_f32_vec(b, d).ok(),
             FileDType::F8E4M3 => Some(b.iter().map(|c| ft_backend::quant::e4m3_to_f32(*c)).collect()),
+            FileDType::F8E8M0 => Some(b.iter().map(|c| ft_backend::quant::e8m0_to_f32(*c)).collect()),
             _ => None,
         }
     }

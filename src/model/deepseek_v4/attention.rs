@@ -193,12 +193,15 @@ pub(super) fn attention(ctx: &Ctx, w: &V4Layer, ls: &mut LayerState, past: usize
     // Grouped output projection: each group of heads through its own block of `wo_a`.
     let (groups, rank) = (v4.o_groups, v4.o_lora_rank);
     let gin = nh * hd / groups;
+    // Offsets count stored elements: a quantized row is padded to whole blocks.
+    let block = w.o_a.w.dtype().block_elems();
+    let stored_row = gin.div_ceil(block) * block;
     let mut grouped = vec![0f32; t * groups * rank];
     for g in 0..groups {
         let xg: Vec<f32> = (0..t).flat_map(|i| out[i * nh * hd + g * gin..i * nh * hd + (g + 1) * gin].iter().copied()).collect();
         let xd = upload(be, &xg)?;
         let mut yd = scratch(be, t * rank)?;
-        let desc = MatmulDesc { n: t, k: gin, m: rank, w_offset: g * rank * gin, ..Default::default() };
+        let desc = MatmulDesc { n: t, k: gin, m: rank, w_offset: g * rank * stored_row, ..Default::default() };
         w.o_a.forward_desc(be, &xd, &mut yd, &desc)?;
         let y = download_f32(be, &yd, t * rank)?;
         for i in 0..t {
