@@ -372,7 +372,8 @@ mod tests {
         // card adds the head, tolerance of the active count). GLM-4.5-Air's 106B includes
         // its MTP layer, and its "12B active" counts neither embedding nor head. Qwen's
         // "A3B" labels are rounded: Qwen3-Next reads 3.25B per token without embedding and
-        // head. gpt-oss's card counts the unembedding but not the embedding.
+        // head. gpt-oss's card counts the unembedding but not the embedding; so does this
+        // count of DeepSeek-V4-Flash's "13B activated" (its card does not say).
         let expected = [
             ("qwen3-30b-a3b", 30.5, 3.3, true, true, 0.05),
             ("qwen3-235b-a22b", 235.0, 22.0, true, true, 0.05),
@@ -384,6 +385,7 @@ mod tests {
             ("deepseek-v3", 671.0, 37.0, true, true, 0.05),
             ("gpt-oss-20b", 20.9, 3.6, false, true, 0.02),
             ("gpt-oss-120b", 116.8, 5.1, false, true, 0.02),
+            ("deepseek-v4-flash", 284.0, 13.0, false, true, 0.05),
         ];
         for (name, total, card, with_embed, with_head, tol) in expected {
             let p = plan(&opts(name)).expect("plan");

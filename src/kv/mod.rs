@@ -169,7 +169,7 @@ impl SequenceState {
         let alloc = |len: usize| be.alloc(DType::F32, len, BufferUsage::Kv);
         let alloc_kv = |len: usize| be.alloc(dtype, len, BufferUsage::Kv);
         if let Some(v4) = &cfg.v4 {
-            let layers = v4_layers(cfg, v4, rows, &alloc, &alloc_kv)?;
+            let layers = v4_layers(cfg, v4, rows, &alloc)?;
             return Ok(SequenceState { layers, len: 0, capacity, allocated: rows, backend: model.backend_arc() });
         }
         let layers = (0..cfg.num_layers)
@@ -490,7 +490,6 @@ fn v4_layers(
     v4: &crate::model::config::V4Config,
     rows: usize,
     alloc: &dyn Fn(usize) -> Result<DeviceBuffer, ft_backend::BackendError>,
-    _alloc_kv: &dyn Fn(usize) -> Result<DeviceBuffer, ft_backend::BackendError>,
 ) -> Result<Vec<LayerState>, ModelError> {
     v4.attention
         .iter()

@@ -18,8 +18,7 @@ impl Rotary {
         Rotary { inv_freq, scaling }
     }
 
-    /// Rotates every head of `x` (heads of `x.len() / heads` values... given as one head) in
-    /// place at `pos`; `sign` −1 undoes the rotation.
+    /// Rotates one head in place at position `pos`; `sign` −1 undoes the rotation.
     pub fn rotate(&self, head: &mut [f32], pos: usize, sign: f32) {
         let n = self.inv_freq.len();
         let start = head.len() - 2 * n;
