@@ -31,6 +31,7 @@ pub(super) fn dot(a: &[f32], b: &[f32]) -> f32 {
 
 /// What every layer of one forward pass shares.
 pub(super) struct Ctx<'a> {
+    pub model: &'a crate::model::Model,
     pub be: &'a dyn Backend,
     pub cfg: &'a ModelConfig,
     pub v4: &'a V4Config,
@@ -69,7 +70,7 @@ fn write(be: &dyn Backend, buf: &mut DeviceBuffer, at: usize, v: &[f32]) -> Resu
 }
 
 /// Runs `c` over the new tokens `x` after `past` tokens: reads its carry at `carry_at` in
-/// `carry`, writes the new entries into `entries` and the carry back; returns every entry so far.
+/// `carry`, writes the new entries into `entries` and the carry back.
 #[allow(clippy::too_many_arguments)]
 fn compress_into(
     ctx: &Ctx,
@@ -79,7 +80,7 @@ fn compress_into(
     carry: &mut DeviceBuffer,
     carry_at: usize,
     entries: &mut DeviceBuffer,
-) -> Result<Vec<f32>, ModelError> {
+) -> Result<(), ModelError> {
     let (be, t) = (ctx.be, x.len() / ctx.cfg.hidden_size);
     let row = c.pending_row();
     let before = past / c.rate;
@@ -95,14 +96,14 @@ fn compress_into(
     if let Some(o) = &out.carry.overlap {
         write(be, carry, carry_at + c.overlap_offset(), o)?;
     }
-    read(be, entries, 0, ((past + t) / c.rate) * c.dim)
+    Ok(())
 }
 
 /// What a layer's attention compressed and chose, for [`crate::model::Trace`].
 #[derive(Default)]
 pub(super) struct Seen {
-    /// Every compressed entry so far.
-    pub entries: Vec<f32>,
+    /// Every compressed entry so far (read back by the host path only).
+    pub entries: Option<Vec<f32>>,
     /// Every indexer key so far.
     pub keys: Vec<f32>,
     /// Per new token, the entries the indexer chose.
@@ -136,24 +137,34 @@ pub(super) fn attention(ctx: &Ctx, w: &V4Layer, ls: &mut LayerState, past: usize
     write(be, kv_rows, past * hd, &kv)?;
 
     // Compressed entries, and for CSA the indexer's choice of them per query.
-    let mut comp: Vec<f32> = vec![];
     let mut index_keys_seen = vec![];
     let mut chosen: Option<Vec<Vec<usize>>> = None;
     if let Some(c) = &w.compressor {
         let (Some(entries), Some(carry)) = (entries.as_mut(), carry.as_mut()) else {
             return Err(ModelError::Invalid("a compressed layer's state has no entries".into()));
         };
-        comp = compress_into(ctx, c, x, past, carry, 0, entries)?;
+        compress_into(ctx, c, x, past, carry, 0, entries)?;
         if let Some(ix) = &w.indexer {
             let Some(keys_buf) = index_keys.as_mut() else {
                 return Err(ModelError::Invalid("a CSA layer's state has no indexer keys".into()));
             };
             let at = super::carry_len(c.rate, c.dim, c.overlap);
-            let keys = compress_into(ctx, &ix.compressor, x, past, carry, at, keys_buf)?;
+            compress_into(ctx, &ix.compressor, x, past, carry, at, keys_buf)?;
+            let keys = read(be, keys_buf, 0, ((past + t) / c.rate) * ix.compressor.dim)?;
             chosen = Some(select(ctx, ix, &q_res, x, &keys, past)?);
             index_keys_seen = keys;
         }
     }
+    // One new token: its keys are gathered on the device and the backend attends.
+    if t == 1 {
+        let out = decode_attention(ctx, w, kv_rows, entries.as_ref(), chosen.as_ref().map(|c| &c[0]), past, &q)?;
+        let seen = Seen { entries: None, keys: index_keys_seen, chosen };
+        return Ok((output(ctx, w, &out, t)?, seen));
+    }
+    let comp = match (&w.compressor, entries.as_ref()) {
+        (Some(c), Some(e)) => read(be, e, 0, ((past + t) / c.rate) * hd)?,
+        _ => vec![],
+    };
 
     let window = v4.sliding_window;
     let lo = (past + 1).saturating_sub(window);
@@ -189,6 +200,56 @@ pub(super) fn attention(ctx: &Ctx, w: &V4Layer, ls: &mut LayerState, past: usize
         }
         rope.rotate(o, past + i, -1.0);
     });
+    let seen = Seen { entries: w.compressor.as_ref().map(|_| comp), keys: index_keys_seen, chosen };
+    Ok((output(ctx, w, &out, t)?, seen))
+}
+
+/// The decode step's attention on the backend: the query's keys (the window's rows, then the
+/// chosen or visible compressed entries) gathered into one buffer; the output's rotated
+/// channels turned back on the host.
+fn decode_attention(
+    ctx: &Ctx,
+    w: &V4Layer,
+    kv_rows: &DeviceBuffer,
+    entries: Option<&DeviceBuffer>,
+    chosen: Option<&Vec<usize>>,
+    p: usize,
+    q: &[f32],
+) -> Result<Vec<f32>, ModelError> {
+    let (be, cfg) = (ctx.be, ctx.cfg);
+    let (nh, hd) = (cfg.num_heads, cfg.head_dim);
+    let first = (p + 1).saturating_sub(ctx.v4.sliding_window);
+    let n_win = p + 1 - first;
+    let ids: Vec<u32> = match (&w.compressor, chosen) {
+        (None, _) => vec![],
+        (Some(_), Some(sel)) => sel.iter().map(|&e| e as u32).collect(),
+        (Some(c), None) => (0..((p + 1) / c.rate) as u32).collect(),
+    };
+    let n = n_win + ids.len();
+    let mut keys = scratch(be, n * hd)?;
+    be.copy(StreamId::COMPUTE, kv_rows, &mut keys, &ft_backend::CopyDesc { src_offset: first * hd, dst_offset: 0, len: n_win * hd })?;
+    if let (Some(e), false) = (entries, ids.is_empty()) {
+        let mut picked = scratch(be, ids.len() * hd)?;
+        be.gather_rows(e, &ids, hd, &mut picked)?;
+        be.copy(StreamId::COMPUTE, &picked, &mut keys, &ft_backend::CopyDesc { src_offset: 0, dst_offset: n_win * hd, len: ids.len() * hd })?;
+    }
+    let qd = upload(be, q)?;
+    let sinks = upload(be, &w.sinks)?;
+    let mut od = scratch(be, nh * hd)?;
+    // The query follows every key: the causal mask admits them all.
+    let desc = ft_backend::AttentionDesc { n_tokens: 1, n_heads: nh, n_kv_heads: 1, head_dim: hd, v_head_dim: hd, kv_len: n, scale: cfg.attention_scale, window: None };
+    ctx.model.attend(&qd, &keys, &keys, Some(&sinks), &mut od, &desc)?;
+    let mut out = download_f32(be, &od, nh * hd)?;
+    let rope = if w.kind == V4Attention::Sliding { &ctx.main } else { &ctx.compress };
+    rope.rotate_heads(&mut out, hd, p, -1.0);
+    Ok(out)
+}
+
+/// The grouped output projection: each group of heads through its own block of `wo_a`, then
+/// `wo_b`; `[t, hidden]`.
+fn output(ctx: &Ctx, w: &V4Layer, out: &[f32], t: usize) -> Result<Vec<f32>, ModelError> {
+    let (be, v4) = (ctx.be, ctx.v4);
+    let (nh, hd) = (ctx.cfg.num_heads, ctx.cfg.head_dim);
 
     // Grouped output projection: each group of heads through its own block of `wo_a`.
     let (groups, rank) = (v4.o_groups, v4.o_lora_rank);
@@ -208,7 +269,7 @@ pub(super) fn attention(ctx: &Ctx, w: &V4Layer, ls: &mut LayerState, past: usize
             grouped[i * groups * rank + g * rank..i * groups * rank + (g + 1) * rank].copy_from_slice(&y[i * rank..(i + 1) * rank]);
         }
     }
-    Ok((lin(be, &w.o_b, &grouped, t)?, Seen { entries: comp, keys: index_keys_seen, chosen }))
+    lin(be, &w.o_b, &grouped, t)
 }
 
 /// The lightning indexer: per new token, the compressed entries it may see with the best

@@ -23,7 +23,7 @@ impl Model {
         let v4 = cfg.v4.as_ref().ok_or_else(|| ModelError::Invalid("DeepSeek-V4 model without its settings".into()))?;
         let be = self.backend();
         let (h, hc) = (cfg.hidden_size, v4.hc_mult);
-        let ctx = Ctx { be, cfg, v4, main: Rotary::new(&v4.rope_main, cfg.head_dim), compress: Rotary::new(&v4.rope_compress, cfg.head_dim) };
+        let ctx = Ctx { model: self, be, cfg, v4, main: Rotary::new(&v4.rope_main, cfg.head_dim), compress: Rotary::new(&v4.rope_compress, cfg.head_dim) };
         let shape = HcShape { hc, hidden: h, norm_eps: cfg.rms_norm_eps, eps: v4.hc_eps, iters: v4.hc_sinkhorn_iters };
         let tokens: Vec<u32> = items.iter().flat_map(|i| i.tokens.iter().copied()).collect();
         let t = tokens.len();
@@ -50,8 +50,8 @@ impl Model {
                 out.extend(o);
                 at += ti;
                 if let Some(tr) = trace.as_deref_mut() {
-                    if w.compressor.is_some() {
-                        tr.compressed.push((l, seen.entries));
+                    if let Some(entries) = seen.entries {
+                        tr.compressed.push((l, entries));
                     }
                     if let Some(chosen) = seen.chosen {
                         tr.indexer.push((l, seen.keys, chosen));

@@ -338,6 +338,9 @@ pub fn attention(b: &dyn Backend, dtype: DType) {
         (1, 2, 1, 512, 512, 20, 24, None, false),
         (1, 8, 1, 576, 512, 29, 32, None, false),
         (4, 8, 1, 576, 512, 4, 4, None, false),
+        // DeepSeek-V4's decode: 64 query heads on one shared K=V head of 512, its 128 window
+        // rows and 512 chosen entries, sinks.
+        (1, 64, 1, 512, 512, 640, 640, None, true),
         // Past some kernels' limits (CUDA's values of 512, wgpu's keys of 1024): a backend
         // either computes them or says so in `supports_attention` and refuses the call.
         (1, 2, 1, 640, 640, 9, 9, None, false),
