@@ -138,6 +138,7 @@ async fn generate_with(engine: &EngineHandle, a: &GenerateArgs) -> Result<()> {
         return_logits: false,
         logprobs: None,
         constraint: None,
+        keep_special_tokens: false,
     };
     let mut stream = engine.generate(req).await?;
     let mut ids = vec![];

@@ -133,7 +133,7 @@ pub struct ConfigArgs {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reasoning_parser: Option<String>,
-    /// Tool-call format: auto, hermes, qwen3_coder, deepseek, deepseek_dsml, kimi, minimax, mistral or none.
+    /// Tool-call format: auto, hermes, qwen3_coder, deepseek, deepseek_dsml, kimi, minimax, mistral, harmony or none.
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tool_parser: Option<String>,

@@ -132,6 +132,9 @@ pub struct EngineRequest {
     pub logprobs: Option<usize>,
     /// What the output must match ([`super::EngineHandle::compile_grammar`]).
     pub constraint: Option<crate::sampling::grammar::Constraint>,
+    /// Keep special tokens in the streamed text (gpt-oss's harmony markers are special
+    /// tokens that the output parser reads).
+    pub keep_special_tokens: bool,
 }
 
 impl EngineRequest {
@@ -147,6 +150,7 @@ impl EngineRequest {
             return_logits: false,
             logprobs: None,
             constraint: None,
+            keep_special_tokens: false,
         }
     }
 }

@@ -303,7 +303,7 @@ impl Actor for EngineDriver {
                 let seq = Sequence {
                     id,
                     stops: StopChecker::new(req.stop.iter().cloned()),
-                    decoder: st.args.tokenizer.as_ref().map(|t| t.stream_decoder(true)),
+                    decoder: st.args.tokenizer.as_ref().map(|t| t.stream_decoder(!req.keep_special_tokens)),
                     eos,
                     generated: 0,
                     budget,

@@ -72,7 +72,7 @@ pub fn tool_call(choice: Option<&Value>, tools: &[Value], format: &ModelFormat) 
             ToolMarkup::DeepSeek => (format!("<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>{n}<｜tool▁sep｜>"), "<｜tool▁call▁end｜><｜tool▁calls▁end｜>".into()),
             ToolMarkup::Kimi => (format!("<|tool_calls_section_begin|><|tool_call_begin|>functions.{n}:0<|tool_call_argument_begin|>"), "<|tool_call_end|><|tool_calls_section_end|>".into()),
             ToolMarkup::Mistral => (format!("[TOOL_CALLS]{n}[ARGS]"), String::new()),
-            ToolMarkup::ToolCallTags | ToolMarkup::MiniMax | ToolMarkup::Dsml => return None,
+            ToolMarkup::ToolCallTags | ToolMarkup::MiniMax | ToolMarkup::Dsml | ToolMarkup::Harmony => return None,
         })
     };
     if format.markup == ToolMarkup::ToolCallTags {

@@ -172,6 +172,7 @@ impl Run {
             return_logits: false,
             logprobs: p.logprobs,
             constraint,
+            keep_special_tokens: p.parser.markup == crate::server::parsers::ToolMarkup::Harmony && !p.parser.raw,
         };
         let stream = state.engine.generate(req).await?;
         let idle = (state.settings.keepalive_secs > 0).then(|| Duration::from_secs(state.settings.keepalive_secs));

@@ -56,6 +56,7 @@ impl ModelFormat {
             ToolParser::Mistral => family(ToolMarkup::Mistral),
             ToolParser::Kimi => family(ToolMarkup::Kimi),
             ToolParser::Minimax => family(ToolMarkup::MiniMax),
+            ToolParser::Harmony => family(ToolMarkup::Harmony),
             ToolParser::None => tags(false, false),
         }
     }

@@ -21,7 +21,7 @@ pub enum ReasoningParser {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ToolParser {
-    /// From the chat template: the markup of DeepSeek, Kimi, MiniMax or Mistral when it writes that,
+    /// From the chat template: the markup of gpt-oss, DeepSeek, Kimi, MiniMax or Mistral when it writes that,
     /// else `qwen3_coder` when it writes `<function=`, else `hermes` when it mentions
     /// `<tool_call>`, else none.
     #[default]
@@ -40,6 +40,8 @@ pub enum ToolParser {
     Kimi,
     /// MiniMax-M2: `<minimax:tool_call>` blocks of `<invoke>`s.
     Minimax,
+    /// gpt-oss: harmony channels, calls addressed `to=functions.NAME`.
+    Harmony,
     /// Tool calls stay in the text.
     None,
 }

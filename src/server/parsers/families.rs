@@ -48,13 +48,16 @@ pub enum ToolMarkup {
     /// Mistral/Devstral: `[TOOL_CALLS]NAME[ARGS]{JSON}` (or `[TOOL_CALLS][{"name", "arguments"}]`)
     /// to the end of the output.
     Mistral,
+    /// gpt-oss harmony: channels (`analysis`, `final`, `commentary`) of messages; a message
+    /// `to=functions.NAME` is a call with JSON arguments. Covers reasoning too.
+    Harmony,
 }
 
 impl ToolMarkup {
     /// The markup a chat template writes for an assistant's calls, from its source.
     pub fn from_template(src: &str) -> Option<Self> {
         // DSML templates build their tags from a `｜DSML｜` variable.
-        [("｜DSML｜", Self::Dsml), (DEEPSEEK_OPEN, Self::DeepSeek), (KIMI_OPEN, Self::Kimi), (MINIMAX_OPEN, Self::MiniMax), (MISTRAL_OPEN, Self::Mistral)]
+        [("<|channel|>", Self::Harmony), ("｜DSML｜", Self::Dsml), (DEEPSEEK_OPEN, Self::DeepSeek), (KIMI_OPEN, Self::Kimi), (MINIMAX_OPEN, Self::MiniMax), (MISTRAL_OPEN, Self::Mistral)]
             .into_iter()
             .find(|(open, _)| src.contains(open))
             .map(|(_, m)| m)
@@ -64,7 +67,7 @@ impl ToolMarkup {
     /// the end of the output.
     pub(super) fn sections(self) -> &'static [(&'static str, &'static str)] {
         match self {
-            Self::ToolCallTags => &[],
+            Self::ToolCallTags | Self::Harmony => &[],
             Self::DeepSeek => &[(DEEPSEEK_OPEN, DEEPSEEK_CLOSE)],
             Self::Kimi => &[(KIMI_OPEN, KIMI_CLOSE)],
             Self::MiniMax => &[(MINIMAX_OPEN, MINIMAX_CLOSE)],

@@ -19,6 +19,7 @@
 //! and parsed the same way.
 
 mod families;
+mod harmony;
 mod tool_call;
 #[cfg(test)]
 mod tests;
@@ -106,6 +107,8 @@ pub struct OutputParser {
     reasoning_started: bool,
     /// Number of tool calls emitted.
     calls: usize,
+    /// The harmony reader, which takes the whole output of a gpt-oss model.
+    harmony: Option<harmony::Harmony>,
 }
 
 impl OutputParser {
@@ -129,7 +132,11 @@ impl OutputParser {
             text_started: false,
             reasoning_started: false,
             calls: 0,
+            harmony: None,
         };
+        if parser.opts.markup == ToolMarkup::Harmony && !parser.opts.raw {
+            parser.harmony = Some(harmony::Harmony::new());
+        }
         parser.text_started = parser.opts.raw;
         parser
     }
@@ -141,12 +148,22 @@ impl OutputParser {
 
     /// Feeds the next piece of output; decided events are appended to `out`.
     pub fn push(&mut self, chunk: &str, out: &mut Vec<Parsed>) {
+        if let Some(h) = &mut self.harmony {
+            h.push(chunk, out);
+            self.calls = h.calls;
+            return;
+        }
         self.buf.push_str(chunk);
         while self.step(out) {}
     }
 
     /// Ends the output: whatever is held back is decided now.
     pub fn finish(&mut self, out: &mut Vec<Parsed>) {
+        if let Some(h) = &mut self.harmony {
+            h.finish(out);
+            self.calls = h.calls;
+            return;
+        }
         while self.step(out) {}
         let rest = std::mem::take(&mut self.buf);
         match self.mode {

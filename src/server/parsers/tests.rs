@@ -310,3 +310,44 @@ fn mistral_calls_run_to_the_end_of_the_output() {
     let cut = "[TOOL_CALLS]get_weather[ARGS]{\"ci";
     check(&o, cut, &[Parsed::Text(cut.into())]);
 }
+
+#[test]
+fn harmony_channels_reasoning_answer_and_calls() {
+    let o = ParserOptions { markup: ToolMarkup::Harmony, ..opts(false, true) };
+    // What gpt-oss writes after `<|start|>assistant`: analysis, then the answer.
+    let answer = "<|channel|>analysis<|message|>User greets.<|end|><|start|>assistant<|channel|>final<|message|>Hello there!<|return|>";
+    check(&o, answer, &[Parsed::Reasoning("User greets.".into()), Parsed::Text("Hello there!".into())]);
+    // A call as the model writes it (recipient after the channel, `<|constrain|>`), ended by
+    // `<|call|>` or by the end of the output (the engine stops at `<|call|>`).
+    let model = "<|channel|>analysis<|message|>Need weather.<|end|><|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{\"city\": \"Paris\"}";
+    check(&o, model, &[Parsed::Reasoning("Need weather.".into()), call("get_weather", json!({"city": "Paris"}))]);
+    check(&o, &format!("{model}<|call|>"), &[Parsed::Reasoning("Need weather.".into()), call("get_weather", json!({"city": "Paris"}))]);
+    // As the chat template writes it: the recipient in the header, before the channel.
+    let template = "<|start|>assistant to=functions.ls<|channel|>commentary json<|message|>{}<|call|>";
+    check(&o, template, &[call("ls", json!({}))]);
+    // A preamble to the user on the commentary channel, then a call.
+    let preamble = "<|channel|>commentary<|message|>Checking.<|end|><|start|>assistant<|channel|>commentary to=functions.ls <|constrain|>json<|message|>{\"dir\": \"/\"}<|call|>";
+    check(&o, preamble, &[Parsed::Text("Checking.".into()), call("ls", json!({"dir": "/"}))]);
+    // Arguments that are not JSON come back as text; a message without its end marker ends at
+    // the next header.
+    let bad = "<|channel|>commentary to=functions.ls <|constrain|>json<|message|>{dir:<|call|>";
+    check(&o, bad, &[Parsed::Text("{dir:".into())]);
+    let unended = "<|channel|>analysis<|message|>hmm<|start|>assistant<|channel|>final<|message|>ok";
+    check(&o, unended, &[Parsed::Reasoning("hmm".into()), Parsed::Text("ok".into())]);
+    // Text with no header at all is the answer.
+    check(&o, "plain words", &[Parsed::Text("plain words".into())]);
+}
+
+#[test]
+fn harmony_is_read_from_the_gpt_oss_template() {
+    let src = std::fs::read_to_string(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/templates/openai-gpt-oss-120b.jinja")).expect("template");
+    assert_eq!(ToolMarkup::from_template(&src), Some(ToolMarkup::Harmony));
+}
+
+#[test]
+fn harmony_header_may_start_with_the_recipient() {
+    // The prompt ended with `<|start|>assistant`; the model continues the header.
+    let o = ParserOptions { markup: ToolMarkup::Harmony, ..opts(false, true) };
+    let out = " to=functions.get_weather<|channel|>commentary json<|message|>{\"city\": \"Paris\"}<|call|>";
+    check(&o, out, &[call("get_weather", json!({"city": "Paris"}))]);
+}
