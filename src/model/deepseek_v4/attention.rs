@@ -102,7 +102,7 @@ fn compress_into(
 /// What a layer's attention compressed and chose, for [`crate::model::Trace`].
 #[derive(Default)]
 pub(super) struct Seen {
-    /// Every compressed entry so far (read back by the host path only).
+    /// Every compressed entry so far (read back only for a trace).
     pub entries: Option<Vec<f32>>,
     /// Every indexer key so far.
     pub keys: Vec<f32>,
@@ -111,9 +111,10 @@ pub(super) struct Seen {
 }
 
 /// Attention of the new tokens `x` (`[t, hidden]`, normalised) of one sequence after `past`
-/// tokens; returns `[t, hidden]` and what was compressed and chosen.
-pub(super) fn attention(ctx: &Ctx, w: &V4Layer, ls: &mut LayerState, past: usize, x: &[f32]) -> Result<(Vec<f32>, Seen), ModelError> {
-    let (be, cfg, v4) = (ctx.be, ctx.cfg, ctx.v4);
+/// tokens; returns `[t, hidden]` and what was compressed and chosen (the entries only when
+/// `trace`).
+pub(super) fn attention(ctx: &Ctx, w: &V4Layer, ls: &mut LayerState, past: usize, x: &[f32], trace: bool) -> Result<(Vec<f32>, Seen), ModelError> {
+    let (be, cfg) = (ctx.be, ctx.cfg);
     let (h, nh, hd, eps) = (cfg.hidden_size, cfg.num_heads, cfg.head_dim, cfg.rms_norm_eps);
     let t = x.len() / h;
     let LayerState::Compressed { kv: kv_rows, entries, index_keys, carry } = ls else {
@@ -155,64 +156,32 @@ pub(super) fn attention(ctx: &Ctx, w: &V4Layer, ls: &mut LayerState, past: usize
             index_keys_seen = keys;
         }
     }
-    // One new token: its keys are gathered on the device and the backend attends.
-    if t == 1 {
-        let out = decode_attention(ctx, w, kv_rows, entries.as_ref(), chosen.as_ref().map(|c| &c[0]), past, &q)?;
-        let seen = Seen { entries: None, keys: index_keys_seen, chosen };
-        return Ok((output(ctx, w, &out, t)?, seen));
+    // Each new token attends on the backend over its own keys.
+    let sinks = upload(be, &w.sinks)?;
+    let mut out = Vec::with_capacity(t * nh * hd);
+    for i in 0..t {
+        let sel = chosen.as_ref().map(|c| &c[i]);
+        out.extend(query_attention(ctx, w, kv_rows, entries.as_ref(), sel, &sinks, past + i, &q[i * nh * hd..(i + 1) * nh * hd])?);
     }
-    let comp = match (&w.compressor, entries.as_ref()) {
-        (Some(c), Some(e)) => read(be, e, 0, ((past + t) / c.rate) * hd)?,
-        _ => vec![],
+    let entries_seen = match (trace, &w.compressor, entries.as_ref()) {
+        (true, Some(c), Some(e)) => Some(read(be, e, 0, ((past + t) / c.rate) * hd)?),
+        _ => None,
     };
-
-    let window = v4.sliding_window;
-    let lo = (past + 1).saturating_sub(window);
-    let rows = read(be, kv_rows, lo * hd, (past + t - lo) * hd)?;
-    let scale = cfg.attention_scale;
-    // Each query's keys: its window, then the compressed entries it sees.
-    let keys: Vec<Vec<&[f32]>> = (0..t)
-        .map(|i| {
-            let p = past + i;
-            let first = (p + 1).saturating_sub(window);
-            let mut keys: Vec<&[f32]> = (first..=p).map(|j| &rows[(j - lo) * hd..(j - lo + 1) * hd]).collect();
-            if let Some(c) = &w.compressor {
-                match &chosen {
-                    Some(sel) => keys.extend(sel[i].iter().map(|&e| &comp[e * hd..(e + 1) * hd])),
-                    None => keys.extend((0..(p + 1) / c.rate).map(|e| &comp[e * hd..(e + 1) * hd])),
-                }
-            }
-            keys
-        })
-        .collect();
-    let mut out = vec![0f32; t * nh * hd];
-    out.par_chunks_mut(hd).zip(q.par_chunks(hd)).enumerate().for_each(|(at, (o, qh))| {
-        let (i, head) = (at / nh, at % nh);
-        let keys = &keys[i];
-        let logits: Vec<f32> = keys.iter().map(|k| dot(qh, k) * scale).collect();
-        let sink = w.sinks[head];
-        let max = logits.iter().copied().fold(sink, f32::max);
-        let probs: Vec<f32> = logits.iter().map(|l| (l - max).exp()).collect();
-        let den = probs.iter().sum::<f32>() + (sink - max).exp();
-        for (pr, k) in probs.iter().zip(keys) {
-            let a = pr / den;
-            o.iter_mut().zip(*k).for_each(|(o, k)| *o += a * k);
-        }
-        rope.rotate(o, past + i, -1.0);
-    });
-    let seen = Seen { entries: w.compressor.as_ref().map(|_| comp), keys: index_keys_seen, chosen };
+    let seen = Seen { entries: entries_seen, keys: index_keys_seen, chosen };
     Ok((output(ctx, w, &out, t)?, seen))
 }
 
-/// The decode step's attention on the backend: the query's keys (the window's rows, then the
-/// chosen or visible compressed entries) gathered into one buffer; the output's rotated
-/// channels turned back on the host.
-fn decode_attention(
+/// One query's attention on the backend: its keys (the window's rows, then the chosen or
+/// visible compressed entries) gathered into one buffer, which the query follows, so the
+/// causal mask admits them all; the output's rotated channels turned back on the host.
+#[allow(clippy::too_many_arguments)]
+fn query_attention(
     ctx: &Ctx,
     w: &V4Layer,
     kv_rows: &DeviceBuffer,
     entries: Option<&DeviceBuffer>,
     chosen: Option<&Vec<usize>>,
+    sinks: &DeviceBuffer,
     p: usize,
     q: &[f32],
 ) -> Result<Vec<f32>, ModelError> {
@@ -234,11 +203,9 @@ fn decode_attention(
         be.copy(StreamId::COMPUTE, &picked, &mut keys, &ft_backend::CopyDesc { src_offset: 0, dst_offset: n_win * hd, len: ids.len() * hd })?;
     }
     let qd = upload(be, q)?;
-    let sinks = upload(be, &w.sinks)?;
     let mut od = scratch(be, nh * hd)?;
-    // The query follows every key: the causal mask admits them all.
     let desc = ft_backend::AttentionDesc { n_tokens: 1, n_heads: nh, n_kv_heads: 1, head_dim: hd, v_head_dim: hd, kv_len: n, scale: cfg.attention_scale, window: None };
-    ctx.model.attend(&qd, &keys, &keys, Some(&sinks), &mut od, &desc)?;
+    ctx.model.attend(&qd, &keys, &keys, Some(sinks), &mut od, &desc)?;
     let mut out = download_f32(be, &od, nh * hd)?;
     let rope = if w.kind == V4Attention::Sliding { &ctx.main } else { &ctx.compress };
     rope.rotate_heads(&mut out, hd, p, -1.0);

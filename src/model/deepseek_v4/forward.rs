@@ -46,7 +46,7 @@ impl Model {
             for item in items.iter_mut() {
                 let ti = item.tokens.len();
                 let past = item.state.len();
-                let (o, seen) = attention(&ctx, w, &mut item.state.layers[l], past, &normed[at * h..(at + ti) * h])?;
+                let (o, seen) = attention(&ctx, w, &mut item.state.layers[l], past, &normed[at * h..(at + ti) * h], trace.is_some())?;
                 out.extend(o);
                 at += ti;
                 if let Some(tr) = trace.as_deref_mut() {

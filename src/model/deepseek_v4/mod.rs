@@ -5,10 +5,10 @@
 //! indexer in CSA layers ([`attention`]); MoE layers route by score (`sqrtsoftplus`) or by a
 //! token-id table (hash layers), and every SwiGLU clamps its inputs.
 //!
-//! The projections and the routed experts run on the backend (the experts through the same
-//! [`crate::model::forward::ExpertRunner`] as every family, so the expert cache, the miss
-//! split and the pipeline apply unchanged); the hyper-connections, compressors, indexer and
-//! the attention itself run on the host in f32.
+//! The projections, the attention and the routed experts run on the backend (the experts
+//! through the same [`crate::model::forward::ExpertRunner`] as every family, so the expert
+//! cache, the miss split and the pipeline apply unchanged); the hyper-connections, the
+//! compressors and the indexer's scoring run on the host in f32.
 
 mod attention;
 mod compress;
