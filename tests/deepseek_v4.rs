@@ -27,7 +27,7 @@ fn deepseek_v4_matches_transformers() {
     let r = reference_json(NAME);
     let refs = reference_tensors(NAME);
     let cfg = model.config().clone();
-    let (vocab, h, hc) = (cfg.vocab_size, cfg.hidden_size, cfg.v4.as_ref().unwrap().hc_mult);
+    let (h, hc) = (cfg.hidden_size, cfg.v4.as_ref().unwrap().hc_mult);
     let mut worst = [0f32; 3];
     for (p, ids) in prompts(&r).iter().enumerate() {
         let t = ids.len();
@@ -84,36 +84,10 @@ fn deepseek_v4_matches_transformers() {
             }
         }
 
-        // Greedy decode with the state: 16 tokens, step logits, and tokens.
-        let mut state = SequenceState::new(&model, t + 16).unwrap();
-        let mut step = model.forward(&mut state, ids, Logits::Last).unwrap();
-        let gen_ref = tensor(&refs, &format!("gen_logits.p{p}"));
-        let want_tokens: Vec<u32> = r["generation"][p]["new_ids"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect();
-        let (mut got_tokens, mut step_logits) = (vec![], vec![]);
-        for s in 0..16 {
-            let d = max_abs_diff(&step, &gen_ref[s * vocab..(s + 1) * vocab]);
-            assert!(d <= LOGIT_TOL, "p{p}: decode step {s} logits differ by {d}");
-            worst[1] = worst[1].max(d);
-            let next = argmax(&step);
-            got_tokens.push(next);
-            step_logits.push(step.clone());
-            if s < 15 {
-                step = model.forward(&mut state, &[next], Logits::Last).unwrap();
-            }
-        }
-        assert_eq!(got_tokens, want_tokens, "p{p}: greedy tokens");
-
-        // Token by token equals the whole sequence at once.
-        let mut all = ids.clone();
-        all.extend(&got_tokens[..15]);
-        let mut state = SequenceState::new(&model, all.len()).unwrap();
-        let full = model.forward(&mut state, &all, Logits::All).unwrap();
-        for (s, inc) in step_logits.iter().enumerate() {
-            let row = &full[(t - 1 + s) * vocab..(t + s) * vocab];
-            let d = max_abs_diff(inc, row);
-            assert!(d <= 1e-4, "p{p}: incremental step {s} vs full recompute differs by {d}");
-            worst[2] = worst[2].max(d);
-        }
+        // Greedy decode with the state, and token by token vs the whole sequence at once.
+        let (steps, incremental) = check_greedy_decode(&model, NAME, p, ids);
+        worst[1] = worst[1].max(steps);
+        worst[2] = worst[2].max(incremental);
     }
     eprintln!("deepseek_v4: max |Δ| logits {:.2e}, decode steps {:.2e}, incremental vs full {:.2e}", worst[0], worst[1], worst[2]);
 }

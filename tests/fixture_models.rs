@@ -17,7 +17,6 @@ fn check_fixture(name: &str) {
     let model = load(name);
     let r = reference_json(name);
     let refs = reference_tensors(name);
-    let vocab = model.config().vocab_size;
     let h = model.config().hidden_size;
     // Worst differences over all prompts: full logits, decode steps, incremental vs full.
     let mut worst = [0f32; 3];
@@ -67,38 +66,10 @@ fn check_fixture(name: &str) {
             }
         }
 
-        // Greedy decode with the KV cache: 16 tokens, step logits, and tokens.
-        let mut state = SequenceState::new(&model, ids.len() + 16).unwrap();
-        let mut step = model.forward(&mut state, ids, Logits::Last).unwrap();
-        let gen_ref = tensor(&refs, &format!("gen_logits.p{p}"));
-        let want_tokens: Vec<u32> =
-            r["generation"][p]["new_ids"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect();
-        let mut got_tokens = vec![];
-        let mut step_logits = vec![];
-        for s in 0..16 {
-            let d = max_abs_diff(&step, &gen_ref[s * vocab..(s + 1) * vocab]);
-            assert!(d <= LOGIT_TOL, "{name} p{p}: decode step {s} logits differ by {d}");
-            worst[1] = worst[1].max(d);
-            let next = argmax(&step);
-            got_tokens.push(next);
-            step_logits.push(step.clone());
-            if s < 15 {
-                step = model.forward(&mut state, &[next], Logits::Last).unwrap();
-            }
-        }
-        assert_eq!(got_tokens, want_tokens, "{name} p{p}: greedy tokens");
-
-        // Incremental decode equals a full recompute over prompt + generated tokens.
-        let mut all = ids.clone();
-        all.extend(&got_tokens[..15]);
-        let mut state = SequenceState::new(&model, all.len()).unwrap();
-        let full = model.forward(&mut state, &all, Logits::All).unwrap();
-        for (s, inc) in step_logits.iter().enumerate() {
-            let row = &full[(ids.len() - 1 + s) * vocab..(ids.len() + s) * vocab];
-            let d = max_abs_diff(inc, row);
-            assert!(d <= 1e-4, "{name} p{p}: incremental step {s} vs full recompute differs by {d}");
-            worst[2] = worst[2].max(d);
-        }
+        // Greedy decode with the KV cache, and incremental decode vs a full recompute.
+        let (steps, incremental) = check_greedy_decode(&model, name, p, ids);
+        worst[1] = worst[1].max(steps);
+        worst[2] = worst[2].max(incremental);
     }
     eprintln!(
         "{name}: max |Δ| logits {:.2e}, decode steps {:.2e}, incremental vs full {:.2e}",

@@ -170,15 +170,20 @@ impl Model {
             None => super::reads::matmul(be, &final_normed, self.lm_head(), None, &mut out, &MatmulDesc::new(n, h, vocab))?,
         }
         let all = download_f32(be, &out, n * vocab)?;
-        let mut at = 0;
-        Ok(items
-            .iter()
-            .map(|i| {
-                let len = i.logit_rows().len() * vocab;
-                let v = all[at..at + len].to_vec();
-                at += len;
-                v
-            })
-            .collect())
+        Ok(split_logits(items, &all, vocab))
     }
+}
+
+/// Each item's rows of `all` (the logits of every row any item asked for, in item order).
+pub(crate) fn split_logits(items: &[BatchItem<'_>], all: &[f32], vocab: usize) -> Vec<Vec<f32>> {
+    let mut at = 0;
+    items
+        .iter()
+        .map(|i| {
+            let len = i.logit_rows().len() * vocab;
+            let v = all[at..at + len].to_vec();
+            at += len;
+            v
+        })
+        .collect()
 }

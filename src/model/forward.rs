@@ -224,13 +224,18 @@ impl Model {
     }
 
     pub(crate) fn mlp(&self, w: &Mlp, x: &DeviceBuffer, out: &mut DeviceBuffer, t: usize) -> Result<(), ModelError> {
+        self.mlp_with(w, x, out, t, BinaryOp::SwiGlu)
+    }
+
+    /// A dense gated MLP whose activation is `act` (`gate = act(gate, up)`).
+    pub(crate) fn mlp_with(&self, w: &Mlp, x: &DeviceBuffer, out: &mut DeviceBuffer, t: usize, act: BinaryOp) -> Result<(), ModelError> {
         let be = self.backend();
         let inter = w.gate.out_dim;
         let mut g = scratch(be, t * inter)?;
         let mut u = scratch(be, t * inter)?;
         w.gate.forward(be, x, &mut g, t)?;
         w.up.forward(be, x, &mut u, t)?;
-        be.binary(BinaryOp::SwiGlu, &mut g, &u, t * inter)?;
+        be.binary(act, &mut g, &u, t * inter)?;
         w.down.forward(be, &g, out, t)
     }
 

@@ -237,3 +237,42 @@ pub fn assert_int8_model(what: &str, a: &Model, b: &Model, prompts: &[Vec<u32>])
         println!("{what} p{p}: per-step logits differ by up to {worst:.2e} of their scale");
     }
 }
+
+/// 16 greedy decode steps of fixture `name`'s prompt `p` with the model's state: every step's
+/// logits within 1e-3 of transformers' and the tokens identical; then token-by-token equals a
+/// full recompute over prompt + generated tokens within 1e-4. Returns the worst differences
+/// (decode steps, incremental vs full).
+pub fn check_greedy_decode(model: &Model, name: &str, p: usize, ids: &[u32]) -> (f32, f32) {
+    use ft_actor::kv::SequenceState;
+    use ft_actor::model::Logits;
+    let (r, refs) = (reference_json(name), reference_tensors(name));
+    let vocab = model.config().vocab_size;
+    let mut state = SequenceState::new(model, ids.len() + 16).unwrap();
+    let mut step = model.forward(&mut state, ids, Logits::Last).unwrap();
+    let gen_ref = tensor(&refs, &format!("gen_logits.p{p}"));
+    let want: Vec<u32> = r["generation"][p]["new_ids"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect();
+    let (mut got, mut steps, mut worst) = (vec![], vec![], (0f32, 0f32));
+    for s in 0..16 {
+        let d = max_abs_diff(&step, &gen_ref[s * vocab..(s + 1) * vocab]);
+        assert!(d <= 1e-3, "{name} p{p}: decode step {s} logits differ by {d}");
+        worst.0 = worst.0.max(d);
+        let next = argmax(&step);
+        got.push(next);
+        steps.push(step.clone());
+        if s < 15 {
+            step = model.forward(&mut state, &[next], Logits::Last).unwrap();
+        }
+    }
+    assert_eq!(got, want, "{name} p{p}: greedy tokens");
+    let mut all = ids.to_vec();
+    all.extend(&got[..15]);
+    let mut state = SequenceState::new(model, all.len()).unwrap();
+    let full = model.forward(&mut state, &all, Logits::All).unwrap();
+    for (s, inc) in steps.iter().enumerate() {
+        let row = &full[(ids.len() - 1 + s) * vocab..(ids.len() + s) * vocab];
+        let d = max_abs_diff(inc, row);
+        assert!(d <= 1e-4, "{name} p{p}: incremental step {s} vs full recompute differs by {d}");
+        worst.1 = worst.1.max(d);
+    }
+    worst
+}

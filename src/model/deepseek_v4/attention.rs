@@ -1,8 +1,8 @@
 //! One sequence's attention in a DeepSeek-V4 layer: a single shared key/value head over the
-//! last `sliding_window` tokens plus compressed entries, all of them in CSA layers chosen per
-//! query by the lightning indexer, every visible one in HCA layers; per-head sinks; the value
-//! rows carry RoPE, so the output's rotated channels are turned back at the query's position
-//! before the grouped output projection.
+//! last `sliding_window` tokens plus compressed entries (in CSA layers those the lightning
+//! indexer chooses per query, in HCA layers every one the query may see); per-head sinks; the
+//! value rows carry RoPE, so the output's rotated channels are turned back at the query's
+//! position before the grouped output projection.
 
 use super::compress::{Carry, Compressor};
 use super::hyper::{rms_rows, unweighted_rms};

@@ -7,7 +7,7 @@ use super::rope::Rotary;
 use crate::model::batch::BatchItem;
 use crate::model::forward::{download_f32, scratch, ExpertRunner, Trace};
 use crate::model::routing::{route, Routing};
-use crate::model::weights::{FeedForward, Mixer, Mlp, MoeWeights};
+use crate::model::weights::{FeedForward, Mixer, MoeWeights};
 use crate::model::{Model, ModelError};
 use ft_backend::{BinaryOp, MatmulDesc};
 
@@ -99,16 +99,7 @@ impl Model {
                 download_f32(be, &out, n * vocab)?
             }
         };
-        let mut at = 0;
-        Ok(items
-            .iter()
-            .map(|i| {
-                let len = i.logit_rows().len() * vocab;
-                let v = all[at..at + len].to_vec();
-                at += len;
-                v
-            })
-            .collect())
+        Ok(crate::model::batch::split_logits(items, &all, vocab))
     }
 
     /// The MoE block: routed experts through `experts`, plus the shared expert; `[t, hidden]`.
@@ -138,7 +129,8 @@ impl Model {
         experts.run_experts(self, layer, &xd, &routing, &mut out)?;
         if let Some(shared) = &w.shared {
             let mut y = scratch(be, t * h)?;
-            self.limited_mlp(shared, &xd, &mut y, t)?;
+            // The shared expert clamps its SwiGLU like the routed ones.
+            self.mlp_with(shared, &xd, &mut y, t, cfg.expert_activation.binary_op())?;
             be.binary(BinaryOp::Add, &mut out, &y, t * h)?;
         }
         if let Some(tr) = trace {
@@ -146,18 +138,6 @@ impl Model {
             tr.routing.push((layer, routing));
         }
         download_f32(be, &out, t * h)
-    }
-
-    /// The shared expert, with the same clamped SwiGLU as the routed ones.
-    fn limited_mlp(&self, w: &Mlp, x: &ft_backend::DeviceBuffer, out: &mut ft_backend::DeviceBuffer, t: usize) -> Result<(), ModelError> {
-        let be = self.backend();
-        let inter = w.gate.out_dim;
-        let mut g = scratch(be, t * inter)?;
-        let mut u = scratch(be, t * inter)?;
-        w.gate.forward(be, x, &mut g, t)?;
-        w.up.forward(be, x, &mut u, t)?;
-        be.binary(self.config().expert_activation.binary_op(), &mut g, &u, t * inter)?;
-        w.down.forward(be, &g, out, t)
     }
 }
 
