@@ -260,7 +260,7 @@ fn e8m0_or_float(t: &RawTensor) -> Vec<f32> {
 /// byte `j`) and `scale` E8M0 `[rows, cols/32]`, which is MXFP4: repacked into its blocks.
 fn fp4_e8m0(files: &WeightFiles, base: &str, rows: usize, cols: usize) -> Result<PackedMatrix, super::ModelError> {
     let w = raw(files, &format!("{base}.weight"))?;
-    if cols % 32 != 0 {
+    if !cols.is_multiple_of(32) {
         return Err(tensor_err(&w, format!("FP4 with a scale per 32 needs the input size to be a multiple of 32, found {cols}")).into());
     }
     let nb = cols / 32;

@@ -183,7 +183,7 @@ pub(super) fn v4_config(k: &Keys, num_layers: usize, head_dim: usize) -> Result<
         rope_main,
         rope_compress,
     };
-    if !(cfg.swiglu_limit >= 0.0) {
+    if cfg.swiglu_limit.is_nan() || cfg.swiglu_limit < 0.0 {
         return Err(k.invalid("swiglu_limit", "must be a number >= 0"));
     }
     Ok(cfg)
@@ -239,7 +239,7 @@ fn v4_rope(k: &Keys, head_dim: usize) -> Result<(RopeConfig, RopeConfig), Config
 
 /// Checks the V4 settings against the common ones they depend on.
 pub(super) fn check(k: &Keys, v4: &V4Config, num_heads: usize, head_dim: usize) -> Result<(), ConfigError> {
-    if (num_heads * head_dim) % v4.o_groups != 0 {
+    if !(num_heads * head_dim).is_multiple_of(v4.o_groups) {
         return Err(k.invalid("o_groups", format!("({}) must divide num_attention_heads × head_dim ({})", v4.o_groups, num_heads * head_dim)));
     }
     let rope = |r: &RopeConfig| ((head_dim as f32 * r.partial_rotary_factor) as usize) & !1;
