@@ -84,6 +84,11 @@ impl std::fmt::Debug for Constraint {
 pub struct Mask(SimpleVob);
 
 impl Mask {
+    /// Whether the grammar allows `id` next.
+    pub fn is_allowed(&self, id: u32) -> bool {
+        self.0.is_allowed(id)
+    }
+
     /// Sets every logit the grammar does not allow to −∞.
     pub fn apply(&self, logits: &mut [f32]) {
         for (id, l) in logits.iter_mut().enumerate() {

@@ -65,14 +65,18 @@ pub fn tool_call(choice: Option<&Value>, tools: &[Value], format: &ModelFormat) 
     }
     let compact = crate::sampling::grammar::compact_json;
     let lit = |s: &str| Value::String(s.to_string()).to_string();
-    // One alternative per tool: (text before the arguments, text after), in the markup the
-    // parser reads back.
+    // One alternative per tool: (grammar before the arguments, after them), in the markup
+    // the parser reads back.
     let around = |n: &str| -> Option<(String, String)> {
+        let text = |before: String, after: &str| (lit(&before), if after.is_empty() { String::new() } else { lit(after) });
         Some(match format.markup {
-            ToolMarkup::DeepSeek => (format!("<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>{n}<｜tool▁sep｜>"), "<｜tool▁call▁end｜><｜tool▁calls▁end｜>".into()),
-            ToolMarkup::Kimi => (format!("<|tool_calls_section_begin|><|tool_call_begin|>functions.{n}:0<|tool_call_argument_begin|>"), "<|tool_call_end|><|tool_calls_section_end|>".into()),
-            ToolMarkup::Mistral => (format!("[TOOL_CALLS]{n}[ARGS]"), String::new()),
-            ToolMarkup::ToolCallTags | ToolMarkup::MiniMax | ToolMarkup::Dsml | ToolMarkup::Harmony => return None,
+            ToolMarkup::DeepSeek => text(format!("<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>{n}<｜tool▁sep｜>"), "<｜tool▁call▁end｜><｜tool▁calls▁end｜>"),
+            ToolMarkup::Kimi => text(format!("<|tool_calls_section_begin|><|tool_call_begin|>functions.{n}:0<|tool_call_argument_begin|>"), "<|tool_call_end|><|tool_calls_section_end|>"),
+            ToolMarkup::Mistral => text(format!("[TOOL_CALLS]{n}[ARGS]"), ""),
+            // gpt-oss's markers are special tokens, which the grammar names as such; the end
+            // of the output (the grammar's end-of-sequence) ends the call.
+            ToolMarkup::Harmony => (format!("<|channel|> {} <|constrain|> \"json\" <|message|>", lit(&format!("commentary to=functions.{n} "))), String::new()),
+            ToolMarkup::ToolCallTags | ToolMarkup::MiniMax | ToolMarkup::Dsml => return None,
         })
     };
     if format.markup == ToolMarkup::ToolCallTags {
@@ -88,8 +92,8 @@ pub fn tool_call(choice: Option<&Value>, tools: &[Value], format: &ModelFormat) 
         let Some((before, after)) = around(n) else {
             return Err(ApiError::invalid("tool_choice", format!("a forced call is not supported in this model's {:?} tool-call markup (its parameters are not JSON); use tool_choice auto", format.markup)));
         };
-        let tail = if after.is_empty() { String::new() } else { format!(" {}", lit(&after)) };
-        rules.push(format!("call{i}: {} args{i}{tail}\nargs{i}: %json {}\n", lit(&before), compact(params.clone())));
+        let tail = if after.is_empty() { String::new() } else { format!(" {after}") };
+        rules.push(format!("call{i}: {before} args{i}{tail}\nargs{i}: %json {}\n", compact(params.clone())));
     }
     let start = (0..offered.len()).map(|i| format!("call{i}")).collect::<Vec<_>>().join(" | ");
     Ok(Some(GrammarSpec::Lark(format!("start: {start}\n{}", rules.concat()))))
@@ -124,5 +128,51 @@ mod tests {
         assert_eq!(response_format(Some(&s)).unwrap(), Some(GrammarSpec::JsonSchema(json!({"type": "integer"}))));
         assert!(response_format(Some(&json!({"type": "json_schema"}))).is_err());
         assert!(response_format(Some(&json!({"type": "yaml"}))).is_err());
+    }
+
+    /// A forced call in gpt-oss's harmony markup names its special tokens: over a vocabulary
+    /// of single bytes plus those tokens, the matcher admits exactly the call's tokens, and
+    /// what it admits parses back into the call.
+    #[test]
+    fn forced_harmony_call_uses_the_special_tokens() {
+        use crate::sampling::grammar::GrammarEnv;
+        use crate::server::parsers::{OutputParser, Parsed, ParserOptions};
+        let specials = ["<|channel|>", "<|constrain|>", "<|message|>", "<|return|>"];
+        let mut bytes: Vec<Vec<u8>> = (0u8..=255).map(|b| vec![b]).collect();
+        bytes.extend(specials.iter().map(|s| [&[0xFF][..], s.as_bytes()].concat()));
+        let id = |s: &str| 256 + specials.iter().position(|x| *x == s).unwrap() as u32;
+        let env = GrammarEnv::new(bytes, 260, id("<|return|>")).unwrap();
+        let format = ModelFormat { tools: true, markup: ToolMarkup::Harmony, ..ModelFormat::default() };
+        let named = json!({"type": "function", "function": {"name": "b"}});
+        let spec = tool_call(Some(&named), &tools(), &format).unwrap().unwrap();
+        let mut c = env.compile(&spec).unwrap();
+        // Drive the matcher along the call the model is forced to write.
+        let mut text = String::new();
+        let mut feed = |c: &mut crate::sampling::grammar::Constraint, tok: u32, shown: &str| {
+            let m = c.mask().unwrap();
+            assert!(m.is_allowed(tok), "{shown:?} must be allowed after {text:?}");
+            c.consume(tok).unwrap();
+            text.push_str(shown);
+        };
+        assert!(!c.mask().unwrap().is_allowed(b'c' as u32), "the call starts with <|channel|>");
+        feed(&mut c, id("<|channel|>"), "<|channel|>");
+        for b in "commentary to=functions.b ".bytes() {
+            feed(&mut c, b as u32, &(b as char).to_string());
+        }
+        feed(&mut c, id("<|constrain|>"), "<|constrain|>");
+        for b in "json".bytes() {
+            feed(&mut c, b as u32, &(b as char).to_string());
+        }
+        feed(&mut c, id("<|message|>"), "<|message|>");
+        for b in "{\"x\": 3}".bytes() {
+            feed(&mut c, b as u32, &(b as char).to_string());
+        }
+        assert!(c.mask().unwrap().is_allowed(id("<|return|>")), "the call is complete: the output may end");
+        let mut p = OutputParser::new(ParserOptions { markup: ToolMarkup::Harmony, tools: true, ..ParserOptions::default() });
+        let mut out = vec![];
+        p.push(&text, &mut out);
+        p.finish(&mut out);
+        let Some(Parsed::ToolCall(call)) = out.first() else { panic!("{out:?}") };
+        assert_eq!((call.name.as_str(), call.arguments_json()), ("b", "{\"x\":3}".to_string()));
     }
 }
