@@ -79,6 +79,11 @@ pub fn tool_call(choice: Option<&Value>, tools: &[Value], format: &ModelFormat) 
             ToolMarkup::ToolCallTags | ToolMarkup::MiniMax | ToolMarkup::Dsml => return None,
         })
     };
+    if matches!(format.markup, ToolMarkup::MiniMax | ToolMarkup::Dsml) {
+        let (starts, rules): (Vec<String>, Vec<String>) =
+            offered.iter().enumerate().map(|(i, (n, params))| (format!("call{i}"), xml_call(i, n, params, format.markup == ToolMarkup::Dsml))).unzip();
+        return Ok(Some(GrammarSpec::Lark(format!("start: {}\n{}", starts.join(" | "), rules.concat()))));
+    }
     if format.markup == ToolMarkup::ToolCallTags {
         let calls: Vec<Value> = offered
             .iter()
@@ -90,13 +95,52 @@ pub fn tool_call(choice: Option<&Value>, tools: &[Value], format: &ModelFormat) 
     let mut rules = vec![];
     for (i, (n, params)) in offered.iter().enumerate() {
         let Some((before, after)) = around(n) else {
-            return Err(ApiError::invalid("tool_choice", format!("a forced call is not supported in this model's {:?} tool-call markup (its parameters are not JSON); use tool_choice auto", format.markup)));
+            return Err(ApiError::invalid("tool_choice", format!("a forced call is not supported in this model's {:?} tool-call markup; use tool_choice auto", format.markup)));
         };
         let tail = if after.is_empty() { String::new() } else { format!(" {after}") };
         rules.push(format!("call{i}: {before} args{i}{tail}\nargs{i}: %json {}\n", compact(params.clone())));
     }
     let start = (0..offered.len()).map(|i| format!("call{i}")).collect::<Vec<_>>().join(" | ");
     Ok(Some(GrammarSpec::Lark(format!("start: {start}\n{}", rules.concat()))))
+}
+
+/// The rules of call `i` to `name` in MiniMax's or DeepSeek's DSML markup, whose parameters are
+/// XML elements: one per schema property, in the schema's order (the required ones always, the
+/// others optionally); a string value is text without `<` (the parser reads it raw), any other
+/// JSON of its schema.
+fn xml_call(i: usize, name: &str, params: &Value, dsml: bool) -> String {
+    let lit = |s: &str| Value::String(s.to_string()).to_string();
+    let empty = serde_json::Map::new();
+    let props = params.get("properties").and_then(Value::as_object).unwrap_or(&empty);
+    let required: Vec<&str> = params.get("required").and_then(Value::as_array).map(|r| r.iter().filter_map(Value::as_str).collect()).unwrap_or_default();
+    let mut rules = String::new();
+    let mut seq = vec![];
+    for (k, (key, schema)) in props.iter().enumerate() {
+        let string = schema.get("type").and_then(Value::as_str) == Some("string");
+        let value = if string {
+            "/[^<]*/".to_string()
+        } else {
+            rules.push_str(&format!("v{i}_{k}: %json {}\n", crate::sampling::grammar::compact_json(schema.clone())));
+            format!("v{i}_{k}")
+        };
+        let (open, close) = if dsml {
+            (format!("<｜DSML｜parameter name=\"{key}\" string=\"{string}\">"), "</｜DSML｜parameter>\n")
+        } else {
+            (format!("<parameter name=\"{key}\">"), "</parameter>\n")
+        };
+        rules.push_str(&format!("p{i}_{k}: {} {value} {}\n", lit(&open), lit(close)));
+        seq.push(format!("p{i}_{k}{}", if required.contains(&key.as_str()) { "" } else { "?" }));
+    }
+    let params = seq.join(" ");
+    if dsml {
+        // DeepSeek V3.2 names the block `function_calls`, V4 `tool_calls`.
+        let invoke = format!("{} {params} {}", lit(&format!("<｜DSML｜invoke name=\"{name}\">\n")), lit("</｜DSML｜invoke>\n"));
+        let block = |b: &str| format!("{} inv{i} {}", lit(&format!("<｜DSML｜{b}>\n")), lit(&format!("</｜DSML｜{b}>")));
+        format!("call{i}: {} | {}\ninv{i}: {invoke}\n{rules}", block("tool_calls"), block("function_calls"))
+    } else {
+        let open = lit(&format!("<minimax:tool_call>\n<invoke name=\"{name}\">\n"));
+        format!("call{i}: {open} {params} {}\n{rules}", lit("</invoke>\n</minimax:tool_call>"))
+    }
 }
 
 #[cfg(test)]
@@ -128,6 +172,51 @@ mod tests {
         assert_eq!(response_format(Some(&s)).unwrap(), Some(GrammarSpec::JsonSchema(json!({"type": "integer"}))));
         assert!(response_format(Some(&json!({"type": "json_schema"}))).is_err());
         assert!(response_format(Some(&json!({"type": "yaml"}))).is_err());
+    }
+
+    /// Feeds `text` byte by byte into `c` (a vocabulary of single bytes), each byte allowed.
+    fn drive(c: &mut crate::sampling::grammar::Constraint, text: &str) {
+        for (at, b) in text.bytes().enumerate() {
+            assert!(c.mask().unwrap().is_allowed(b as u32), "byte {at} of {text:?} must be allowed");
+            c.consume(b as u32).unwrap();
+        }
+    }
+
+    /// Forced calls in the XML-parameter markups (DSML, MiniMax): the matcher admits the call
+    /// with typed values, not a misspelt parameter, and the text parses back into the call.
+    #[test]
+    fn forced_xml_parameter_calls() {
+        use crate::sampling::grammar::GrammarEnv;
+        use crate::server::parsers::{OutputParser, ParamTypes, Parsed, ParserOptions};
+        let mut bytes: Vec<Vec<u8>> = (0u8..=255).map(|b| vec![b]).collect();
+        bytes.push([&[0xFF][..], b"<eos>"].concat());
+        let env = GrammarEnv::new(bytes, 257, 256).unwrap();
+        let tools = vec![json!({"type": "function", "function": {"name": "search", "parameters": {"type": "object",
+            "properties": {"q": {"type": "string"}, "limit": {"type": "integer"}, "tags": {"type": "array", "items": {"type": "string"}}}, "required": ["q"]}}})];
+        let named = json!({"type": "function", "function": {"name": "search"}});
+        let cases = [
+            (ToolMarkup::Dsml, "<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"search\">\n<｜DSML｜parameter name=\"q\" string=\"true\">42 apples</｜DSML｜parameter>\n<｜DSML｜parameter name=\"limit\" string=\"false\">5</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>"),
+            (ToolMarkup::MiniMax, "<minimax:tool_call>\n<invoke name=\"search\">\n<parameter name=\"q\">42 apples</parameter>\n<parameter name=\"tags\">[\"a\"]</parameter>\n</invoke>\n</minimax:tool_call>"),
+        ];
+        for (markup, text) in cases {
+            let format = ModelFormat { tools: true, markup, ..ModelFormat::default() };
+            let spec = tool_call(Some(&named), &tools, &format).unwrap().unwrap();
+            let mut c = env.compile(&spec).unwrap();
+            drive(&mut c, text);
+            assert!(c.mask().unwrap().is_allowed(256), "{markup:?}: the call is complete");
+            let mut c = env.compile(&spec).unwrap();
+            let wrong = text.replacen("\"q\"", "\"x\"", 1);
+            let at = wrong.find("\"x\"").unwrap() + 1;
+            drive(&mut c, &wrong[..at]);
+            assert!(!c.mask().unwrap().is_allowed(b'x' as u32), "{markup:?}: only the schema's parameters");
+            let opts = ParserOptions { markup, tools: true, param_types: ParamTypes::from_tools(&tools), ..ParserOptions::default() };
+            let mut p = OutputParser::new(opts);
+            let mut out = vec![];
+            p.push(text, &mut out);
+            p.finish(&mut out);
+            let Some(Parsed::ToolCall(call)) = out.first() else { panic!("{markup:?}: {out:?}") };
+            assert_eq!((call.name.as_str(), &call.arguments["q"]), ("search", &json!("42 apples")), "{markup:?}");
+        }
     }
 
     /// A forced call in gpt-oss's harmony markup names its special tokens: over a vocabulary
