@@ -10,6 +10,7 @@
 //! (hit rate, bytes moved) and the actor overhead per step.
 
 pub mod concurrency;
+pub mod constrained;
 pub mod replay;
 pub mod subagents;
 

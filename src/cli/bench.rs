@@ -2,6 +2,7 @@
 
 use super::{runtime, start_engine, ModelArgs};
 use crate::bench::concurrency::{decode_together, long_prompt_arrival, ArrivalReport, ConcurrencyReport};
+use crate::bench::constrained::{constrained_overhead, ConstrainedReport};
 use crate::bench::{memory_bandwidth, run as run_bench, BenchOptions};
 use crate::policy::MoeMode;
 use anyhow::Result;
@@ -40,6 +41,9 @@ pub struct BenchArgs {
     /// streams decode; its time to first token and the longest pause it causes are reported.
     #[arg(long, default_value_t = 0)]
     arrival_prompt: usize,
+    /// Also measure decode with a JSON grammar's mask on every token against decode without.
+    #[arg(long)]
+    constrained: bool,
 }
 
 /// `bench`.
@@ -74,6 +78,11 @@ pub fn run(a: BenchArgs) -> Result<()> {
                 if let (Some(&n), true) = (a.concurrency.iter().max(), a.arrival_prompt > 0) {
                     eprintln!("[{mode}] a {}-token prompt arriving while {n} streams decode", a.arrival_prompt);
                     arrival = Some(long_prompt_arrival(&engine, n.max(1), a.arrival_prompt, 5_000).await?);
+                }
+                if a.constrained {
+                    eprintln!("[{mode}] decode with and without a grammar ({} pairs of runs)", opts.repeats);
+                    let c = constrained_overhead(&engine, opts.prompt_len, opts.gen_tokens, opts.repeats, 5_000).await?;
+                    print_constrained(mode, &c, a.json);
                 }
             }
             engine.shutdown().await;
@@ -207,5 +216,25 @@ fn print_concurrency(rows: &[(MoeMode, Vec<ConcurrencyReport>, Option<ArrivalRep
                 );
             }
         }
+    }
+}
+
+/// The `--constrained` line (or JSON line) of one mode.
+fn print_constrained(mode: MoeMode, c: &ConstrainedReport, json: bool) {
+    if json {
+        let s = |s: &crate::bench::Spread| serde_json::json!({"median": s.median, "min": s.min, "max": s.max});
+        println!(
+            "{}",
+            serde_json::json!({"mode": mode.to_string(), "free_decode_tok_s": s(&c.free_tok_s), "constrained_decode_tok_s": s(&c.constrained_tok_s),
+                "mask_overhead_fraction": c.overhead, "grammar_vocab_tokens": c.vocab_tokens})
+        );
+    } else {
+        println!(
+            "[{mode}] constrained decoding (a JSON array of strings, the mask computed beside each step over a {}-token vocabulary; \
+             tokens/s from timers over alternating runs, median and min–max): free {:.2} ({:.2}–{:.2}), constrained {:.2} ({:.2}–{:.2}); \
+             overhead {:.1} %",
+            c.vocab_tokens, c.free_tok_s.median, c.free_tok_s.min, c.free_tok_s.max, c.constrained_tok_s.median, c.constrained_tok_s.min,
+            c.constrained_tok_s.max, c.overhead * 100.0
+        );
     }
 }

@@ -104,6 +104,26 @@ pub fn tool_call(choice: Option<&Value>, tools: &[Value], format: &ModelFormat) 
     Ok(Some(GrammarSpec::Lark(format!("start: {start}\n{}", rules.concat()))))
 }
 
+/// A string parameter's raw text: one of its `enum`/`const` values, else text without `<`
+/// within its `minLength`/`maxLength` (a `pattern` is not enforced in this markup).
+fn string_value(schema: &Value) -> String {
+    let lit = |s: &str| Value::String(s.to_string()).to_string();
+    let listed: Vec<String> = match (schema.get("enum").and_then(Value::as_array), schema.get("const").and_then(Value::as_str)) {
+        (Some(e), _) => e.iter().filter_map(Value::as_str).map(lit).collect(),
+        (None, Some(c)) => vec![lit(c)],
+        _ => vec![],
+    };
+    if !listed.is_empty() {
+        return format!("({})", listed.join(" | "));
+    }
+    let min = schema.get("minLength").and_then(Value::as_u64).unwrap_or(0);
+    match schema.get("maxLength").and_then(Value::as_u64) {
+        Some(max) => format!("/[^<]{{{min},{}}}/", max.max(min)),
+        None if min > 0 => format!("/[^<]{{{min},}}/"),
+        None => "/[^<]*/".to_string(),
+    }
+}
+
 /// The rules of call `i` to `name` in MiniMax's or DeepSeek's DSML markup, whose parameters are
 /// XML elements: one per schema property, in the schema's order (the required ones always, the
 /// others optionally); a string value is text without `<` (the parser reads it raw), any other
@@ -118,7 +138,7 @@ fn xml_call(i: usize, name: &str, params: &Value, dsml: bool) -> String {
     for (k, (key, schema)) in props.iter().enumerate() {
         let string = schema.get("type").and_then(Value::as_str) == Some("string");
         let value = if string {
-            "/[^<]*/".to_string()
+            string_value(schema)
         } else {
             rules.push_str(&format!("v{i}_{k}: %json {}\n", crate::sampling::grammar::compact_json(schema.clone())));
             format!("v{i}_{k}")
@@ -192,7 +212,8 @@ mod tests {
         bytes.push([&[0xFF][..], b"<eos>"].concat());
         let env = GrammarEnv::new(bytes, 257, 256).unwrap();
         let tools = vec![json!({"type": "function", "function": {"name": "search", "parameters": {"type": "object",
-            "properties": {"q": {"type": "string"}, "limit": {"type": "integer"}, "tags": {"type": "array", "items": {"type": "string"}}}, "required": ["q"]}}})];
+            "properties": {"q": {"type": "string"}, "limit": {"type": "integer"}, "tags": {"type": "array", "items": {"type": "string"}},
+                "unit": {"type": "string", "enum": ["km", "mi"]}}, "required": ["q"]}}})];
         let named = json!({"type": "function", "function": {"name": "search"}});
         let cases = [
             (ToolMarkup::Dsml, "<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"search\">\n<｜DSML｜parameter name=\"q\" string=\"true\">42 apples</｜DSML｜parameter>\n<｜DSML｜parameter name=\"limit\" string=\"false\">5</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>"),
@@ -209,6 +230,15 @@ mod tests {
             let at = wrong.find("\"x\"").unwrap() + 1;
             drive(&mut c, &wrong[..at]);
             assert!(!c.mask().unwrap().is_allowed(b'x' as u32), "{markup:?}: only the schema's parameters");
+            // An enum's value is one of its members.
+            let up_to_unit = match markup {
+                ToolMarkup::Dsml => "<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"search\">\n<｜DSML｜parameter name=\"q\" string=\"true\">a</｜DSML｜parameter>\n<｜DSML｜parameter name=\"unit\" string=\"true\">",
+                _ => "<minimax:tool_call>\n<invoke name=\"search\">\n<parameter name=\"q\">a</parameter>\n<parameter name=\"unit\">",
+            };
+            let mut c = env.compile(&spec).unwrap();
+            drive(&mut c, up_to_unit);
+            let m = c.mask().unwrap();
+            assert!(m.is_allowed(b'k' as u32) && m.is_allowed(b'm' as u32) && !m.is_allowed(b'x' as u32), "{markup:?}: enum values only");
             let opts = ParserOptions { markup, tools: true, param_types: ParamTypes::from_tools(&tools), ..ParserOptions::default() };
             let mut p = OutputParser::new(opts);
             let mut out = vec![];
