@@ -496,6 +496,25 @@ fn forced_calls_in_each_familys_markup() {
     }
 }
 
+/// A strict tool under `tool_choice: auto`: the model stays free to answer in text (the
+/// random-weight demo model does), and any call it makes is held to the tool's schema.
+#[test]
+fn strict_tools_under_auto_leave_text_free() {
+    let mut tool = weather_tool();
+    tool["function"]["strict"] = json!(true);
+    for seed in [1, 2, 3] {
+        let mut body = chat(json!({"tools": [tool], "tool_choice": "auto", "max_tokens": 40, "temperature": 1.0, "seed": seed}));
+        body["messages"] = json!([{"role": "user", "content": "weather?"}]);
+        let o = post("/v1/chat/completions", &body);
+        assert_eq!(o.status, StatusCode::OK, "{}", o.text);
+        let m = &o.body["choices"][0]["message"];
+        for call in m["tool_calls"].as_array().into_iter().flatten() {
+            assert_weather_args(&serde_json::from_str(call["function"]["arguments"].as_str().expect("arguments")).expect("JSON arguments"));
+        }
+        assert!(m["content"].is_string() || m["tool_calls"].is_array(), "{}", o.text);
+    }
+}
+
 #[test]
 fn several_choices_are_separate_sequences() {
     let mut body = chat(json!({"n": 3, "max_tokens": 6, "temperature": 1.0, "seed": 11, "ignore_eos": true}));

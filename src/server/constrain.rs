@@ -104,6 +104,41 @@ pub fn tool_call(choice: Option<&Value>, tools: &[Value], format: &ModelFormat) 
     Ok(Some(GrammarSpec::Lark(format!("start: {start}\n{}", rules.concat()))))
 }
 
+/// With `tool_choice: auto` and tools marked `strict: true` (`raw`: the request's tools), a
+/// lazy grammar: text is free until the model opens `<tool_call>`, and each call it then writes
+/// must name one of the tools and, for a strict one, match its schema; text after a call is free
+/// again. `None` when no tool is strict, or in markups other than `<tool_call>` tags (their
+/// calls are parsed, not constrained).
+pub fn strict_calls(raw: &[Value], tools: &[Value], format: &ModelFormat) -> Option<GrammarSpec> {
+    let strict: Vec<&str> = raw
+        .iter()
+        .filter_map(|t| t.get("function").unwrap_or(t).as_object())
+        .filter(|f| f.get("strict").and_then(Value::as_bool) == Some(true))
+        .filter_map(|f| f.get("name").and_then(Value::as_str))
+        .collect();
+    if strict.is_empty() || !format.tools || format.markup != ToolMarkup::ToolCallTags {
+        return None;
+    }
+    let calls: Vec<Value> = tools
+        .iter()
+        .filter_map(|t| {
+            let f = t.get("function")?;
+            let n = f.get("name")?.as_str()?;
+            let args = match strict.contains(&n) {
+                true => f.get("parameters").filter(|p| p.is_object()).cloned().unwrap_or_else(|| json!({"type": "object"})),
+                false => json!({"type": "object"}),
+            };
+            Some(json!({"type": "object", "properties": {"name": {"const": n}, "arguments": args}, "required": ["name", "arguments"], "additionalProperties": false}))
+        })
+        .collect();
+    let schema = crate::sampling::grammar::compact_json(if calls.len() == 1 { calls[0].clone() } else { json!({"anyOf": calls}) });
+    // Free text stops at the first `<tool_call>` (a lazy lexeme); the text after the last call
+    // may not contain one, so every call goes through the schema.
+    Some(GrammarSpec::Lark(format!(
+        "start: seg* TAIL\nseg: pre \"\\n\" call \"\\n</tool_call>\"\npre[suffix=\"<tool_call>\"]: /(?s:.*)/\ncall: %json {schema}\nTAIL: /(?s:.*)/ & ~/(?s:.*)<tool_call>(?s:.*)/\n"
+    )))
+}
+
 /// A string parameter's raw text: one of its `enum`/`const` values, else text without `<`
 /// within its `minLength`/`maxLength` (a `pattern` is not enforced in this markup).
 fn string_value(schema: &Value) -> String {
@@ -192,6 +227,34 @@ mod tests {
         assert_eq!(response_format(Some(&s)).unwrap(), Some(GrammarSpec::JsonSchema(json!({"type": "integer"}))));
         assert!(response_format(Some(&json!({"type": "json_schema"}))).is_err());
         assert!(response_format(Some(&json!({"type": "yaml"}))).is_err());
+    }
+
+    /// Strict tools under `tool_choice: auto`: free text, then a call that must match the strict
+    /// tool's schema, free text again; a second call is held to the schema too; a request
+    /// without strict tools gets no grammar.
+    #[test]
+    fn strict_tools_under_auto_constrain_only_the_calls() {
+        use crate::sampling::grammar::GrammarEnv;
+        let mut bytes: Vec<Vec<u8>> = (0u8..=255).map(|b| vec![b]).collect();
+        bytes.push([&[0xFF][..], b"<eos>"].concat());
+        let env = GrammarEnv::new(bytes, 257, 256).unwrap();
+        let mut raw = tools();
+        assert_eq!(strict_calls(&raw, &tools(), &tags()), None, "no strict tool: no grammar");
+        raw[0]["function"]["strict"] = json!(true);
+        assert_eq!(strict_calls(&raw, &tools(), &ModelFormat { markup: ToolMarkup::Kimi, tools: true, ..ModelFormat::default() }), None);
+        let spec = strict_calls(&raw, &tools(), &tags()).unwrap();
+        let mut c = env.compile(&spec).unwrap();
+        drive(&mut c, "<think>hm</think>\nLet me <b>check</b>.\n<tool_call>\n{\"name\": \"a\", \"arguments\": {\"x\": ");
+        let m = c.mask().unwrap();
+        assert!(m.is_allowed(b'7' as u32) && !m.is_allowed(b'"' as u32), "the strict tool's integer");
+        drive(&mut c, "7}}\n</tool_call>\nDone.\n<tool_call>\n{\"name\": \"");
+        let m = c.mask().unwrap();
+        assert!(m.is_allowed(b'a' as u32) && m.is_allowed(b'b' as u32) && !m.is_allowed(b'z' as u32), "a second call names a tool too");
+        drive(&mut c, "b\", \"arguments\": {\"anything\": [1]}}\n</tool_call>");
+        assert!(c.mask().unwrap().is_allowed(256), "the output may end after a call");
+        let mut c = env.compile(&spec).unwrap();
+        drive(&mut c, "Just text, no call.");
+        assert!(c.mask().unwrap().is_allowed(256), "text alone is fine");
     }
 
     /// Feeds `text` byte by byte into `c` (a vocabulary of single bytes), each byte allowed.

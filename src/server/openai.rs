@@ -94,6 +94,12 @@ pub async fn chat_completions(State(state): State<AppState>, body: Body) -> Resu
         // The grammar starts at the answer: no reasoning block before it.
         enable_thinking = Some(false);
     }
+    // Strict tools under `auto`: only the calls are held to their schemas (text and reasoning
+    // stay free).
+    let grammar = match (grammar, tools_off) {
+        (None, false) => super::constrain::strict_calls(req.tools.as_deref().unwrap_or_default(), &tools, &state.format).map(|g| (g, "tools")),
+        (g, _) => g,
+    };
     if let Some(e) = &req.reasoning_effort {
         extra.entry("reasoning_effort").or_insert(Value::String(e.clone()));
     }

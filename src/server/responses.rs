@@ -131,6 +131,11 @@ pub async fn create(State(state): State<AppState>, body: Body) -> Result<Respons
     // Effort "none" (or "minimal") asks for an answer without reasoning.
     // A grammar starts at the answer, too.
     let enable_thinking = (matches!(effort, Some("none" | "minimal")) || grammar.is_some()).then_some(false);
+    // Strict tools under `auto`: only the calls are held to their schemas.
+    let grammar = match (grammar, tools_off) {
+        (None, false) => super::constrain::strict_calls(&req.tools, &tools, &state.format).map(|g| (g, "tools")),
+        (g, _) => g,
+    };
     let conv = Conversation { messages, tools, tools_off, enable_thinking, extra };
     let prompt = conv.clone().render(&state).await?;
     let params = GenParams {
