@@ -105,10 +105,10 @@ pub fn tool_call(choice: Option<&Value>, tools: &[Value], format: &ModelFormat) 
 }
 
 /// With `tool_choice: auto` and tools marked `strict: true` (`raw`: the request's tools), a
-/// lazy grammar: text is free until the model opens `<tool_call>`, and each call it then writes
-/// must name one of the tools and, for a strict one, match its schema; text after a call is free
-/// again. `None` when no tool is strict, or in markups other than `<tool_call>` tags (their
-/// calls are parsed, not constrained).
+/// lazy grammar: text is free until the model opens a call section, and each call it then
+/// writes must name one of the tools and, for a strict one, match its schema; text after a call
+/// is free again. `None` when no tool is strict, and in the markups whose calls are not JSON
+/// (MiniMax, DSML) or sit in message headers (harmony): there calls are parsed, not held.
 pub fn strict_calls(raw: &[Value], tools: &[Value], format: &ModelFormat) -> Option<GrammarSpec> {
     let strict: Vec<&str> = raw
         .iter()
@@ -116,10 +116,11 @@ pub fn strict_calls(raw: &[Value], tools: &[Value], format: &ModelFormat) -> Opt
         .filter(|f| f.get("strict").and_then(Value::as_bool) == Some(true))
         .filter_map(|f| f.get("name").and_then(Value::as_str))
         .collect();
-    if strict.is_empty() || !format.tools || format.markup != ToolMarkup::ToolCallTags {
+    if strict.is_empty() || !format.tools {
         return None;
     }
-    let calls: Vec<Value> = tools
+    let lit = |s: &str| Value::String(s.to_string()).to_string();
+    let offered: Vec<(&str, Value)> = tools
         .iter()
         .filter_map(|t| {
             let f = t.get("function")?;
@@ -128,15 +129,49 @@ pub fn strict_calls(raw: &[Value], tools: &[Value], format: &ModelFormat) -> Opt
                 true => f.get("parameters").filter(|p| p.is_object()).cloned().unwrap_or_else(|| json!({"type": "object"})),
                 false => json!({"type": "object"}),
             };
-            Some(json!({"type": "object", "properties": {"name": {"const": n}, "arguments": args}, "required": ["name", "arguments"], "additionalProperties": false}))
+            Some((n, args))
         })
         .collect();
-    let schema = crate::sampling::grammar::compact_json(if calls.len() == 1 { calls[0].clone() } else { json!({"anyOf": calls}) });
-    // Free text stops at the first `<tool_call>` (a lazy lexeme); the text after the last call
-    // may not contain one, so every call goes through the schema.
-    Some(GrammarSpec::Lark(format!(
-        "start: seg* TAIL\nseg: pre \"\\n\" call \"\\n</tool_call>\"\npre[suffix=\"<tool_call>\"]: /(?s:.*)/\ncall: %json {schema}\nTAIL: /(?s:.*)/ & ~/(?s:.*)<tool_call>(?s:.*)/\n"
-    )))
+    let compact = crate::sampling::grammar::compact_json;
+    // The section's opening marker, and what follows it for one call.
+    let (trigger, body) = match format.markup {
+        ToolMarkup::ToolCallTags => {
+            let calls: Vec<Value> = offered
+                .iter()
+                .map(|(n, args)| json!({"type": "object", "properties": {"name": {"const": n}, "arguments": args}, "required": ["name", "arguments"], "additionalProperties": false}))
+                .collect();
+            let schema = compact(if calls.len() == 1 { calls[0].clone() } else { json!({"anyOf": calls}) });
+            ("<tool_call>", format!("body: \"\\n\" call \"\\n</tool_call>\"\ncall: %json {schema}\n"))
+        }
+        ToolMarkup::DeepSeek | ToolMarkup::Kimi | ToolMarkup::Mistral => {
+            let (trigger, before, after): (&str, fn(&str) -> String, &str) = match format.markup {
+                ToolMarkup::DeepSeek => ("<｜tool▁calls▁begin｜>", |n| format!("<｜tool▁call▁begin｜>{n}<｜tool▁sep｜>"), "<｜tool▁call▁end｜><｜tool▁calls▁end｜>"),
+                ToolMarkup::Kimi => ("<|tool_calls_section_begin|>", |n| format!("<|tool_call_begin|>functions.{n}:0<|tool_call_argument_begin|>"), "<|tool_call_end|><|tool_calls_section_end|>"),
+                _ => ("[TOOL_CALLS]", |n| format!("{n}[ARGS]"), ""),
+            };
+            let alts: Vec<String> = (0..offered.len()).map(|i| format!("c{i}")).collect();
+            let rules: String = offered
+                .iter()
+                .enumerate()
+                .map(|(i, (n, args))| {
+                    let tail = if after.is_empty() { String::new() } else { format!(" {}", lit(after)) };
+                    format!("c{i}: {} a{i}{tail}\na{i}: %json {}\n", lit(&before(n)), compact(args.clone()))
+                })
+                .collect();
+            (trigger, format!("body: {}\n{rules}", alts.join(" | ")))
+        }
+        ToolMarkup::MiniMax | ToolMarkup::Dsml | ToolMarkup::Harmony => return None,
+    };
+    // Free text stops at the first opening marker (a lazy lexeme); the text after the last call
+    // may not contain one, so every call goes through the grammar.
+    let t = lit(trigger);
+    let rx = regex_literal(trigger);
+    Some(GrammarSpec::Lark(format!("start: seg* TAIL\nseg: pre body\npre[suffix={t}]: /(?s:.*)/\n{body}TAIL: /(?s:.*)/ & ~/(?s:.*){rx}(?s:.*)/\n")))
+}
+
+/// `s` as a regex matching it literally.
+fn regex_literal(s: &str) -> String {
+    s.chars().map(|c| if "\\.+*?()|[]{}^$/".contains(c) { format!("\\{c}") } else { c.to_string() }).collect()
 }
 
 /// A string parameter's raw text: one of its `enum`/`const` values, else text without `<`
@@ -241,7 +276,7 @@ mod tests {
         let mut raw = tools();
         assert_eq!(strict_calls(&raw, &tools(), &tags()), None, "no strict tool: no grammar");
         raw[0]["function"]["strict"] = json!(true);
-        assert_eq!(strict_calls(&raw, &tools(), &ModelFormat { markup: ToolMarkup::Kimi, tools: true, ..ModelFormat::default() }), None);
+        assert_eq!(strict_calls(&raw, &tools(), &ModelFormat { markup: ToolMarkup::MiniMax, tools: true, ..ModelFormat::default() }), None);
         let spec = strict_calls(&raw, &tools(), &tags()).unwrap();
         let mut c = env.compile(&spec).unwrap();
         drive(&mut c, "<think>hm</think>\nLet me <b>check</b>.\n<tool_call>\n{\"name\": \"a\", \"arguments\": {\"x\": ");
@@ -255,6 +290,18 @@ mod tests {
         let mut c = env.compile(&spec).unwrap();
         drive(&mut c, "Just text, no call.");
         assert!(c.mask().unwrap().is_allowed(256), "text alone is fine");
+        // The JSON-argument families hold their calls the same way.
+        for (markup, open) in [
+            (ToolMarkup::DeepSeek, "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>a<｜tool▁sep｜>{\"x\": "),
+            (ToolMarkup::Kimi, "<|tool_calls_section_begin|><|tool_call_begin|>functions.a:0<|tool_call_argument_begin|>{\"x\": "),
+            (ToolMarkup::Mistral, "[TOOL_CALLS]a[ARGS]{\"x\": "),
+        ] {
+            let spec = strict_calls(&raw, &tools(), &ModelFormat { markup, tools: true, ..ModelFormat::default() }).unwrap();
+            let mut c = env.compile(&spec).unwrap();
+            drive(&mut c, &format!("Sure. {open}"));
+            let m = c.mask().unwrap();
+            assert!(m.is_allowed(b'7' as u32) && !m.is_allowed(b'"' as u32), "{markup:?}: the strict tool's integer");
+        }
     }
 
     /// Feeds `text` byte by byte into `c` (a vocabulary of single bytes), each byte allowed.
