@@ -81,7 +81,7 @@ pub fn tool_call(choice: Option<&Value>, tools: &[Value], format: &ModelFormat) 
     };
     if matches!(format.markup, ToolMarkup::MiniMax | ToolMarkup::Dsml) {
         let (starts, rules): (Vec<String>, Vec<String>) =
-            offered.iter().enumerate().map(|(i, (n, params))| (format!("call{i}"), xml_call(i, n, params, format.markup == ToolMarkup::Dsml))).unzip();
+            offered.iter().enumerate().map(|(i, (n, params))| (format!("call{i}"), xml_call(i, n, params, format.markup == ToolMarkup::Dsml, false))).unzip();
         return Ok(Some(GrammarSpec::Lark(format!("start: {}\n{}", starts.join(" | "), rules.concat()))));
     }
     if format.markup == ToolMarkup::ToolCallTags {
@@ -107,8 +107,8 @@ pub fn tool_call(choice: Option<&Value>, tools: &[Value], format: &ModelFormat) 
 /// With `tool_choice: auto` and tools marked `strict: true` (`raw`: the request's tools), a
 /// lazy grammar: text is free until the model opens a call section, and each call it then
 /// writes must name one of the tools and, for a strict one, match its schema; text after a call
-/// is free again. `None` when no tool is strict, and in the markups whose calls are not JSON
-/// (MiniMax, DSML) or sit in message headers (harmony): there calls are parsed, not held.
+/// is free again. `None` when no tool is strict, and in harmony, whose calls sit in message
+/// headers of special tokens: there calls are parsed, not held.
 pub fn strict_calls(raw: &[Value], tools: &[Value], format: &ModelFormat) -> Option<GrammarSpec> {
     let strict: Vec<&str> = raw
         .iter()
@@ -160,7 +160,15 @@ pub fn strict_calls(raw: &[Value], tools: &[Value], format: &ModelFormat) -> Opt
                 .collect();
             (trigger, format!("body: {}\n{rules}", alts.join(" | ")))
         }
-        ToolMarkup::MiniMax | ToolMarkup::Dsml | ToolMarkup::Harmony => return None,
+        ToolMarkup::MiniMax | ToolMarkup::Dsml => {
+            let dsml = format.markup == ToolMarkup::Dsml;
+            let alts: Vec<String> = (0..offered.len()).map(|i| format!("call{i}")).collect();
+            let rules: String = offered.iter().enumerate().map(|(i, (n, args))| xml_call(i, n, args, dsml, true)).collect();
+            (xml_trigger(dsml), format!("body: {}\n{rules}", alts.join(" | ")))
+        }
+        // Harmony's calls sit in message headers made of special tokens, which free text
+        // cannot hold: its calls are parsed, not held.
+        ToolMarkup::Harmony => return None,
     };
     // Free text stops at the first opening marker (a lazy lexeme); the text after the last call
     // may not contain one, so every call goes through the grammar.
@@ -198,7 +206,7 @@ fn string_value(schema: &Value) -> String {
 /// XML elements: one per schema property, in the schema's order (the required ones always, the
 /// others optionally); a string value is text without `<` (the parser reads it raw), any other
 /// JSON of its schema.
-fn xml_call(i: usize, name: &str, params: &Value, dsml: bool) -> String {
+fn xml_call(i: usize, name: &str, params: &Value, dsml: bool, after_trigger: bool) -> String {
     let lit = |s: &str| Value::String(s.to_string()).to_string();
     let empty = serde_json::Map::new();
     let props = params.get("properties").and_then(Value::as_object).unwrap_or(&empty);
@@ -222,14 +230,28 @@ fn xml_call(i: usize, name: &str, params: &Value, dsml: bool) -> String {
         seq.push(format!("p{i}_{k}{}", if required.contains(&key.as_str()) { "" } else { "?" }));
     }
     let params = seq.join(" ");
+    // After a lazy grammar's trigger the section's opening marker is already written.
+    let opened = |s: String| match after_trigger {
+        true => s.strip_prefix(xml_trigger(dsml)).map(str::to_string).unwrap_or(s),
+        false => s,
+    };
     if dsml {
         // DeepSeek V3.2 names the block `function_calls`, V4 `tool_calls`.
         let invoke = format!("{} {params} {}", lit(&format!("<｜DSML｜invoke name=\"{name}\">\n")), lit("</｜DSML｜invoke>\n"));
-        let block = |b: &str| format!("{} inv{i} {}", lit(&format!("<｜DSML｜{b}>\n")), lit(&format!("</｜DSML｜{b}>")));
+        let block = |b: &str| format!("{} inv{i} {}", lit(&opened(format!("<｜DSML｜{b}>\n"))), lit(&format!("</｜DSML｜{b}>")));
         format!("call{i}: {} | {}\ninv{i}: {invoke}\n{rules}", block("tool_calls"), block("function_calls"))
     } else {
-        let open = lit(&format!("<minimax:tool_call>\n<invoke name=\"{name}\">\n"));
+        let open = lit(&opened(format!("<minimax:tool_call>\n<invoke name=\"{name}\">\n")));
         format!("call{i}: {open} {params} {}\n{rules}", lit("</invoke>\n</minimax:tool_call>"))
+    }
+}
+
+/// What opens a call section in DSML's or MiniMax's markup (DSML's two block names share it).
+fn xml_trigger(dsml: bool) -> &'static str {
+    if dsml {
+        "<｜DSML｜"
+    } else {
+        "<minimax:tool_call>"
     }
 }
 
@@ -276,7 +298,7 @@ mod tests {
         let mut raw = tools();
         assert_eq!(strict_calls(&raw, &tools(), &tags()), None, "no strict tool: no grammar");
         raw[0]["function"]["strict"] = json!(true);
-        assert_eq!(strict_calls(&raw, &tools(), &ModelFormat { markup: ToolMarkup::MiniMax, tools: true, ..ModelFormat::default() }), None);
+        assert_eq!(strict_calls(&raw, &tools(), &ModelFormat { markup: ToolMarkup::Harmony, tools: true, ..ModelFormat::default() }), None);
         let spec = strict_calls(&raw, &tools(), &tags()).unwrap();
         let mut c = env.compile(&spec).unwrap();
         drive(&mut c, "<think>hm</think>\nLet me <b>check</b>.\n<tool_call>\n{\"name\": \"a\", \"arguments\": {\"x\": ");
@@ -295,6 +317,8 @@ mod tests {
             (ToolMarkup::DeepSeek, "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>a<｜tool▁sep｜>{\"x\": "),
             (ToolMarkup::Kimi, "<|tool_calls_section_begin|><|tool_call_begin|>functions.a:0<|tool_call_argument_begin|>{\"x\": "),
             (ToolMarkup::Mistral, "[TOOL_CALLS]a[ARGS]{\"x\": "),
+            (ToolMarkup::MiniMax, "<minimax:tool_call>\n<invoke name=\"a\">\n<parameter name=\"x\">"),
+            (ToolMarkup::Dsml, "<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"a\">\n<｜DSML｜parameter name=\"x\" string=\"false\">"),
         ] {
             let spec = strict_calls(&raw, &tools(), &ModelFormat { markup, tools: true, ..ModelFormat::default() }).unwrap();
             let mut c = env.compile(&spec).unwrap();
