@@ -115,14 +115,36 @@ pub fn route(p: &RouterParams, logits: &[f32], n_tokens: usize, n_experts: usize
                 (chosen, exp.into_iter().map(|e| e / sum).collect())
             }
         };
-        // gpt-oss's weights already sum to one; renormalising would be a no-op at best.
-        if p.norm_topk_prob && p.kind != RoutingKind::TopKSoftmax {
-            let eps = if matches!(p.kind, RoutingKind::SigmoidGroupLimited { .. } | RoutingKind::SqrtSoftplus) { 1e-20 } else { 0.0 };
-            let sum: f32 = weights.iter().sum::<f32>() + eps;
-            weights.iter_mut().for_each(|w| *w /= sum);
-        }
-        weights.iter_mut().for_each(|w| *w *= p.routed_scaling_factor);
+        finish_weights(p, &mut weights);
         out.ids.extend(chosen.iter().map(|&i| i as u32));
+        out.weights.extend(weights);
+    }
+    out
+}
+
+/// Renormalises (where the rule does) and scales the chosen experts' weights.
+fn finish_weights(p: &RouterParams, weights: &mut [f32]) {
+    // gpt-oss's weights already sum to one; renormalising would be a no-op at best.
+    if p.norm_topk_prob && p.kind != RoutingKind::TopKSoftmax {
+        let eps = if matches!(p.kind, RoutingKind::SigmoidGroupLimited { .. } | RoutingKind::SqrtSoftplus) { 1e-20 } else { 0.0 };
+        let sum: f32 = weights.iter().sum::<f32>() + eps;
+        weights.iter_mut().for_each(|w| *w /= sum);
+    }
+    weights.iter_mut().for_each(|w| *w *= p.routed_scaling_factor);
+}
+
+/// Hash routing (DeepSeek-V4's first layers): token `tokens[t]` goes to the experts its row
+/// of `table` (`[vocab, top_k]`) names, weighted by their `sqrt(softplus(logit))` scores as
+/// score routing would weight them.
+pub fn route_by_table(p: &RouterParams, table: &[u32], logits: &[f32], tokens: &[u32], n_experts: usize) -> Routing {
+    let k = p.top_k;
+    let mut out = Routing { top_k: k, ids: Vec::with_capacity(tokens.len() * k), weights: Vec::with_capacity(tokens.len() * k) };
+    for (t, &tok) in tokens.iter().enumerate() {
+        let row = &logits[t * n_experts..(t + 1) * n_experts];
+        let ids = &table[tok as usize * k..(tok as usize + 1) * k];
+        let mut weights: Vec<f32> = ids.iter().map(|&e| ft_backend::softplus(row[e as usize]).sqrt()).collect();
+        finish_weights(p, &mut weights);
+        out.ids.extend_from_slice(ids);
         out.weights.extend(weights);
     }
     out
@@ -209,6 +231,19 @@ mod tests {
         let sum = s(-4.0) + s(3.0);
         assert!((r.weights[0] - 1.5 * s(-4.0) / sum).abs() < 1e-6);
         assert!((r.weights[1] - 1.5 * s(3.0) / sum).abs() < 1e-6);
+    }
+
+    #[test]
+    fn table_routing_takes_the_tables_experts_with_their_scores() {
+        let mut p = params(RoutingKind::SqrtSoftplus, true);
+        p.routed_scaling_factor = 2.0;
+        let table = [3, 0, 1, 2];
+        let logits = [0.5, 1.0, -1.0, 2.0, 0.5, 1.0, -1.0, 2.0];
+        let r = route_by_table(&p, &table, &logits, &[0, 1], 4);
+        assert_eq!(r.ids, vec![3, 0, 1, 2]);
+        let s = |x: f32| ft_backend::softplus(x).sqrt();
+        assert!((r.weights[0] - 2.0 * s(2.0) / (s(2.0) + s(0.5))).abs() < 1e-6);
+        assert!((r.weights[2] + r.weights[3] - 2.0).abs() < 1e-5);
     }
 
     #[test]

@@ -63,45 +63,58 @@ pub fn tool_call(choice: Option<&Value>, tools: &[Value], format: &ModelFormat) 
     if offered.is_empty() {
         return Err(ApiError::invalid("tool_choice", "no tool to call: the request offers none (or not the one named)"));
     }
-    let compact = crate::sampling::grammar::compact_json;
-    let lit = |s: &str| Value::String(s.to_string()).to_string();
-    // One alternative per tool: (grammar before the arguments, after them), in the markup
-    // the parser reads back.
-    let around = |n: &str| -> Option<(String, String)> {
-        let text = |before: String, after: &str| (lit(&before), if after.is_empty() { String::new() } else { lit(after) });
-        Some(match format.markup {
-            ToolMarkup::DeepSeek => text(format!("<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>{n}<｜tool▁sep｜>"), "<｜tool▁call▁end｜><｜tool▁calls▁end｜>"),
-            ToolMarkup::Kimi => text(format!("<|tool_calls_section_begin|><|tool_call_begin|>functions.{n}:0<|tool_call_argument_begin|>"), "<|tool_call_end|><|tool_calls_section_end|>"),
-            ToolMarkup::Mistral => text(format!("[TOOL_CALLS]{n}[ARGS]"), ""),
+    let rules = match format.markup {
+        ToolMarkup::ToolCallTags => {
+            return Ok(Some(GrammarSpec::Lark(format!("start: \"<tool_call>\\n\" call \"\\n</tool_call>\"\ncall: %json {}\n", tag_calls_schema(&offered)))));
+        }
+        ToolMarkup::MiniMax | ToolMarkup::Dsml => offered.iter().enumerate().map(|(i, (n, params))| xml_call(i, n, params, format.markup == ToolMarkup::Dsml, false)).collect(),
+        m => json_calls(m, &offered, false).unwrap_or_default(),
+    };
+    Ok(Some(GrammarSpec::Lark(format!("start: {}\n{rules}", alternatives(offered.len())))))
+}
+
+/// A string as a grammar literal.
+fn lit(s: &str) -> String {
+    Value::String(s.to_string()).to_string()
+}
+
+/// `call0 | call1 | …`: one alternative per offered tool.
+fn alternatives(n: usize) -> String {
+    (0..n).map(|i| format!("call{i}")).collect::<Vec<_>>().join(" | ")
+}
+
+/// The JSON of one `<tool_call>` to any offered tool: its name and arguments of its schema.
+fn tag_calls_schema(offered: &[(&str, Value)]) -> Value {
+    let calls: Vec<Value> = offered
+        .iter()
+        .map(|(n, params)| json!({"type": "object", "properties": {"name": {"const": n}, "arguments": params}, "required": ["name", "arguments"], "additionalProperties": false}))
+        .collect();
+    crate::sampling::grammar::compact_json(if calls.len() == 1 { calls[0].clone() } else { json!({"anyOf": calls}) })
+}
+
+/// For the markups whose arguments are JSON (DeepSeek, Kimi, Mistral, harmony), the rules
+/// `call{i}`: the call to offered tool `i`, in the markup the parser reads back, starting after
+/// the section marker when it is already `opened`; `None` for the others.
+fn json_calls(markup: ToolMarkup, offered: &[(&str, Value)], opened: bool) -> Option<String> {
+    let rules = offered.iter().enumerate().map(|(i, (n, params))| {
+        // (what follows the section marker before the arguments, what ends the call)
+        let (before, after) = match markup {
+            ToolMarkup::DeepSeek => (lit(&format!("<｜tool▁call▁begin｜>{n}<｜tool▁sep｜>")), "<｜tool▁call▁end｜><｜tool▁calls▁end｜>"),
+            ToolMarkup::Kimi => (lit(&format!("<|tool_call_begin|>functions.{n}:0<|tool_call_argument_begin|>")), "<|tool_call_end|><|tool_calls_section_end|>"),
+            ToolMarkup::Mistral => (lit(&format!("{n}[ARGS]")), ""),
             // gpt-oss's markers are special tokens, which the grammar names as such; the end
             // of the output (the grammar's end-of-sequence) ends the call.
-            ToolMarkup::Harmony => (format!("<|channel|> {} <|constrain|> \"json\" <|message|>", lit(&format!("commentary to=functions.{n} "))), String::new()),
-            ToolMarkup::ToolCallTags | ToolMarkup::MiniMax | ToolMarkup::Dsml => return None,
-        })
-    };
-    if matches!(format.markup, ToolMarkup::MiniMax | ToolMarkup::Dsml) {
-        let (starts, rules): (Vec<String>, Vec<String>) =
-            offered.iter().enumerate().map(|(i, (n, params))| (format!("call{i}"), xml_call(i, n, params, format.markup == ToolMarkup::Dsml, false))).unzip();
-        return Ok(Some(GrammarSpec::Lark(format!("start: {}\n{}", starts.join(" | "), rules.concat()))));
-    }
-    if format.markup == ToolMarkup::ToolCallTags {
-        let calls: Vec<Value> = offered
-            .iter()
-            .map(|(n, params)| json!({"type": "object", "properties": {"name": {"const": n}, "arguments": params}, "required": ["name", "arguments"], "additionalProperties": false}))
-            .collect();
-        let schema = compact(if calls.len() == 1 { calls[0].clone() } else { json!({"anyOf": calls}) });
-        return Ok(Some(GrammarSpec::Lark(format!("start: \"<tool_call>\\n\" call \"\\n</tool_call>\"\ncall: %json {schema}\n"))));
-    }
-    let mut rules = vec![];
-    for (i, (n, params)) in offered.iter().enumerate() {
-        let Some((before, after)) = around(n) else {
-            return Err(ApiError::invalid("tool_choice", format!("a forced call is not supported in this model's {:?} tool-call markup; use tool_choice auto", format.markup)));
+            ToolMarkup::Harmony => (format!("<|channel|> {} <|constrain|> \"json\" <|message|>", lit(&format!("commentary to=functions.{n} "))), ""),
+            _ => return None,
         };
-        let tail = if after.is_empty() { String::new() } else { format!(" {after}") };
-        rules.push(format!("call{i}: {before} args{i}{tail}\nargs{i}: %json {}\n", compact(params.clone())));
-    }
-    let start = (0..offered.len()).map(|i| format!("call{i}")).collect::<Vec<_>>().join(" | ");
-    Ok(Some(GrammarSpec::Lark(format!("start: {start}\n{}", rules.concat()))))
+        let marker = match markup.call_marker() {
+            Some(m) if !opened => format!("{} ", lit(m)),
+            _ => String::new(),
+        };
+        let tail = if after.is_empty() { String::new() } else { format!(" {}", lit(after)) };
+        Some(format!("call{i}: {marker}{before} args{i}{tail}\nargs{i}: %json {}\n", crate::sampling::grammar::compact_json(params.clone())))
+    });
+    rules.collect()
 }
 
 /// With `tool_choice: auto` and tools marked `strict: true` (`raw`: the request's tools), a
@@ -119,7 +132,7 @@ pub fn strict_calls(raw: &[Value], tools: &[Value], format: &ModelFormat) -> Opt
     if strict.is_empty() || !format.tools {
         return None;
     }
-    let lit = |s: &str| Value::String(s.to_string()).to_string();
+    let trigger = format.markup.call_marker()?;
     let offered: Vec<(&str, Value)> = tools
         .iter()
         .filter_map(|t| {
@@ -132,48 +145,18 @@ pub fn strict_calls(raw: &[Value], tools: &[Value], format: &ModelFormat) -> Opt
             Some((n, args))
         })
         .collect();
-    let compact = crate::sampling::grammar::compact_json;
-    // The section's opening marker, and what follows it for one call.
-    let (trigger, body) = match format.markup {
-        ToolMarkup::ToolCallTags => {
-            let calls: Vec<Value> = offered
-                .iter()
-                .map(|(n, args)| json!({"type": "object", "properties": {"name": {"const": n}, "arguments": args}, "required": ["name", "arguments"], "additionalProperties": false}))
-                .collect();
-            let schema = compact(if calls.len() == 1 { calls[0].clone() } else { json!({"anyOf": calls}) });
-            ("<tool_call>", format!("body: \"\\n\" call \"\\n</tool_call>\"\ncall: %json {schema}\n"))
-        }
-        ToolMarkup::DeepSeek | ToolMarkup::Kimi | ToolMarkup::Mistral => {
-            let (trigger, before, after): (&str, fn(&str) -> String, &str) = match format.markup {
-                ToolMarkup::DeepSeek => ("<｜tool▁calls▁begin｜>", |n| format!("<｜tool▁call▁begin｜>{n}<｜tool▁sep｜>"), "<｜tool▁call▁end｜><｜tool▁calls▁end｜>"),
-                ToolMarkup::Kimi => ("<|tool_calls_section_begin|>", |n| format!("<|tool_call_begin|>functions.{n}:0<|tool_call_argument_begin|>"), "<|tool_call_end|><|tool_calls_section_end|>"),
-                _ => ("[TOOL_CALLS]", |n| format!("{n}[ARGS]"), ""),
-            };
-            let alts: Vec<String> = (0..offered.len()).map(|i| format!("c{i}")).collect();
-            let rules: String = offered
-                .iter()
-                .enumerate()
-                .map(|(i, (n, args))| {
-                    let tail = if after.is_empty() { String::new() } else { format!(" {}", lit(after)) };
-                    format!("c{i}: {} a{i}{tail}\na{i}: %json {}\n", lit(&before(n)), compact(args.clone()))
-                })
-                .collect();
-            (trigger, format!("body: {}\n{rules}", alts.join(" | ")))
-        }
+    // What follows the marker for one call.
+    let body = match format.markup {
+        ToolMarkup::ToolCallTags => format!("body: \"\\n\" call \"\\n</tool_call>\"\ncall: %json {}\n", tag_calls_schema(&offered)),
         ToolMarkup::MiniMax | ToolMarkup::Dsml => {
-            let dsml = format.markup == ToolMarkup::Dsml;
-            let alts: Vec<String> = (0..offered.len()).map(|i| format!("call{i}")).collect();
-            let rules: String = offered.iter().enumerate().map(|(i, (n, args))| xml_call(i, n, args, dsml, true)).collect();
-            (xml_trigger(dsml), format!("body: {}\n{rules}", alts.join(" | ")))
+            let rules: String = offered.iter().enumerate().map(|(i, (n, args))| xml_call(i, n, args, format.markup == ToolMarkup::Dsml, true)).collect();
+            format!("body: {}\n{rules}", alternatives(offered.len()))
         }
-        // Harmony's calls sit in message headers made of special tokens, which free text
-        // cannot hold: its calls are parsed, not held.
-        ToolMarkup::Harmony => return None,
+        m => format!("body: {}\n{}", alternatives(offered.len()), json_calls(m, &offered, true)?),
     };
-    // Free text stops at the first opening marker (a lazy lexeme); the text after the last call
-    // may not contain one, so every call goes through the grammar.
-    let t = lit(trigger);
-    let rx = regex_literal(trigger);
+    // Free text stops at the first marker (a lazy lexeme); the text after the last call may not
+    // contain one, so every call goes through the grammar.
+    let (t, rx) = (lit(trigger), regex_literal(trigger));
     Some(GrammarSpec::Lark(format!("start: seg* TAIL\nseg: pre body\npre[suffix={t}]: /(?s:.*)/\n{body}TAIL: /(?s:.*)/ & ~/(?s:.*){rx}(?s:.*)/\n")))
 }
 
@@ -185,7 +168,6 @@ fn regex_literal(s: &str) -> String {
 /// A string parameter's raw text: one of its `enum`/`const` values, else text without `<`
 /// within its `minLength`/`maxLength` (a `pattern` is not enforced in this markup).
 fn string_value(schema: &Value) -> String {
-    let lit = |s: &str| Value::String(s.to_string()).to_string();
     let listed: Vec<String> = match (schema.get("enum").and_then(Value::as_array), schema.get("const").and_then(Value::as_str)) {
         (Some(e), _) => e.iter().filter_map(Value::as_str).map(lit).collect(),
         (None, Some(c)) => vec![lit(c)],
@@ -207,7 +189,6 @@ fn string_value(schema: &Value) -> String {
 /// others optionally); a string value is text without `<` (the parser reads it raw), any other
 /// JSON of its schema.
 fn xml_call(i: usize, name: &str, params: &Value, dsml: bool, after_trigger: bool) -> String {
-    let lit = |s: &str| Value::String(s.to_string()).to_string();
     let empty = serde_json::Map::new();
     let props = params.get("properties").and_then(Value::as_object).unwrap_or(&empty);
     let required: Vec<&str> = params.get("required").and_then(Value::as_array).map(|r| r.iter().filter_map(Value::as_str).collect()).unwrap_or_default();
@@ -232,7 +213,10 @@ fn xml_call(i: usize, name: &str, params: &Value, dsml: bool, after_trigger: boo
     let params = seq.join(" ");
     // After a lazy grammar's trigger the section's opening marker is already written.
     let opened = |s: String| match after_trigger {
-        true => s.strip_prefix(xml_trigger(dsml)).map(str::to_string).unwrap_or(s),
+        true => {
+            let marker = if dsml { ToolMarkup::Dsml } else { ToolMarkup::MiniMax }.call_marker().unwrap_or_default();
+            s.strip_prefix(marker).map(str::to_string).unwrap_or(s)
+        }
         false => s,
     };
     if dsml {
@@ -243,15 +227,6 @@ fn xml_call(i: usize, name: &str, params: &Value, dsml: bool, after_trigger: boo
     } else {
         let open = lit(&opened(format!("<minimax:tool_call>\n<invoke name=\"{name}\">\n")));
         format!("call{i}: {open} {params} {}\n{rules}", lit("</invoke>\n</minimax:tool_call>"))
-    }
-}
-
-/// What opens a call section in DSML's or MiniMax's markup (DSML's two block names share it).
-fn xml_trigger(dsml: bool) -> &'static str {
-    if dsml {
-        "<｜DSML｜"
-    } else {
-        "<minimax:tool_call>"
     }
 }
 

@@ -91,24 +91,13 @@ pub(super) fn v4_config(k: &Keys, num_layers: usize, head_dim: usize) -> Result<
     let csa_rate = rate_of(CSA, "compress_rate_csa", 4)?;
     let hca_rate = rate_of(HCA, "compress_rate_hca", 128)?;
 
-    let attention = match k.strings("layer_types")? {
-        Some(names) => {
-            if names.len() != num_layers {
-                return Err(k.invalid("layer_types", format!("lists {} layers, num_hidden_layers is {num_layers}", names.len())));
-            }
-            names
-                .iter()
-                .map(|n| match *n {
-                    "sliding_attention" => Ok(V4Attention::Sliding),
-                    CSA => Ok(V4Attention::CompressedSparse),
-                    HCA => Ok(V4Attention::HeavilyCompressed),
-                    other => Err(k.invalid(
-                        "layer_types",
-                        format!("`{other}` is not a DeepSeek-V4 layer type (sliding_attention, {CSA}, {HCA})"),
-                    )),
-                })
-                .collect::<Result<Vec<_>, _>>()?
-        }
+    let attention = match per_layer(k, "layer_types", num_layers, |n| match n {
+        "sliding_attention" => Some(V4Attention::Sliding),
+        CSA => Some(V4Attention::CompressedSparse),
+        HCA => Some(V4Attention::HeavilyCompressed),
+        _ => None,
+    }, "a DeepSeek-V4 layer type (sliding_attention, compressed_sparse_attention, heavily_compressed_attention)")? {
+        Some(kinds) => kinds,
         None => match k.find(&["compress_ratios"]) {
             Some((_, Value::Array(ratios))) => ratios
                 .iter()
@@ -131,20 +120,12 @@ pub(super) fn v4_config(k: &Keys, num_layers: usize, head_dim: usize) -> Result<
         return Err(k.invalid("compress_ratios", format!("lists {} layers, num_hidden_layers is {num_layers}", attention.len())));
     }
 
-    let hash_routed = match k.strings("mlp_layer_types")? {
-        Some(names) => {
-            if names.len() != num_layers {
-                return Err(k.invalid("mlp_layer_types", format!("lists {} layers, num_hidden_layers is {num_layers}", names.len())));
-            }
-            names
-                .iter()
-                .map(|n| match *n {
-                    "hash_moe" => Ok(true),
-                    "moe" => Ok(false),
-                    other => Err(k.invalid("mlp_layer_types", format!("`{other}` is not a DeepSeek-V4 MLP type (hash_moe, moe)"))),
-                })
-                .collect::<Result<Vec<_>, _>>()?
-        }
+    let hash_routed = match per_layer(k, "mlp_layer_types", num_layers, |n| match n {
+        "hash_moe" => Some(true),
+        "moe" => Some(false),
+        _ => None,
+    }, "a DeepSeek-V4 MLP type (hash_moe, moe)")? {
+        Some(hashed) => hashed,
         None => {
             let n_hash = k.usize_opt(&["num_hash_layers"])?.unwrap_or(3);
             (0..num_layers).map(|i| i < n_hash).collect()
@@ -187,6 +168,16 @@ pub(super) fn v4_config(k: &Keys, num_layers: usize, head_dim: usize) -> Result<
         return Err(k.invalid("swiglu_limit", "must be a number >= 0"));
     }
     Ok(cfg)
+}
+
+/// A per-layer list of names (`layer_types`, `mlp_layer_types`) read by `parse`, `None` when
+/// absent; its length must be the layer count, each name one `parse` knows (`what` says which).
+fn per_layer<T>(k: &Keys, key: &str, num_layers: usize, parse: impl Fn(&str) -> Option<T>, what: &str) -> Result<Option<Vec<T>>, ConfigError> {
+    let Some(names) = k.strings(key)? else { return Ok(None) };
+    if names.len() != num_layers {
+        return Err(k.invalid(key, format!("lists {} layers, num_hidden_layers is {num_layers}", names.len())));
+    }
+    names.iter().map(|n| parse(n).ok_or_else(|| k.invalid(key, format!("`{n}` is not {what}")))).collect::<Result<Vec<_>, _>>().map(Some)
 }
 
 /// The `main` and `compress` RoPE settings: nested `rope_parameters`, or built from the legacy

@@ -39,12 +39,16 @@ pub(super) struct Ctx<'a> {
     pub compress: Rotary,
 }
 
-/// `x [n, in] · Wᵀ` on the backend, from and to host values.
-pub(super) fn lin(be: &dyn Backend, l: &Linear, x: &[f32], n: usize) -> Result<Vec<f32>, ModelError> {
-    let xd = upload(be, x)?;
+/// `x [n, in] · Wᵀ` on the backend, from an uploaded `x` to host values.
+pub(super) fn lin(be: &dyn Backend, l: &Linear, x: &DeviceBuffer, n: usize) -> Result<Vec<f32>, ModelError> {
     let mut out = scratch(be, n * l.out_dim)?;
-    l.forward(be, &xd, &mut out, n)?;
+    l.forward(be, x, &mut out, n)?;
     download_f32(be, &out, n * l.out_dim)
+}
+
+/// [`lin`] of host values read by this one product only.
+pub(super) fn lin_host(be: &dyn Backend, l: &Linear, x: &[f32], n: usize) -> Result<Vec<f32>, ModelError> {
+    lin(be, l, &upload(be, x)?, n)
 }
 
 pub(super) fn upload(be: &dyn Backend, x: &[f32]) -> Result<DeviceBuffer, ModelError> {
@@ -69,19 +73,20 @@ fn write(be: &dyn Backend, buf: &mut DeviceBuffer, at: usize, v: &[f32]) -> Resu
     Ok(())
 }
 
-/// Runs `c` over the new tokens `x` after `past` tokens: reads its carry at `carry_at` in
-/// `carry`, writes the new entries into `entries` and the carry back.
+/// Runs `c` over the `t` new tokens `x` (uploaded) after `past` tokens: reads its carry at
+/// `carry_at` in `carry`, writes the new entries into `entries` and the carry back.
 #[allow(clippy::too_many_arguments)]
 fn compress_into(
     ctx: &Ctx,
     c: &Compressor,
-    x: &[f32],
+    x: &DeviceBuffer,
+    t: usize,
     past: usize,
     carry: &mut DeviceBuffer,
     carry_at: usize,
     entries: &mut DeviceBuffer,
 ) -> Result<(), ModelError> {
-    let (be, t) = (ctx.be, x.len() / ctx.cfg.hidden_size);
+    let be = ctx.be;
     let row = c.pending_row();
     let before = past / c.rate;
     let state = Carry {
@@ -122,7 +127,9 @@ pub(super) fn attention(ctx: &Ctx, w: &V4Layer, ls: &mut LayerState, past: usize
     };
     let rope = if w.kind == V4Attention::Sliding { &ctx.main } else { &ctx.compress };
 
-    let q_res = rms_rows(&lin(be, &w.q_a, x, t)?, &w.q_a_norm, eps);
+    // The layer's input and the query residual are read by several products: uploaded once.
+    let xd = upload(be, x)?;
+    let q_res = upload(be, &rms_rows(&lin(be, &w.q_a, &xd, t)?, &w.q_a_norm, eps))?;
     let mut q = lin(be, &w.q_b, &q_res, t)?;
     for (i, tok) in q.chunks_mut(nh * hd).enumerate() {
         for head in tok.chunks_mut(hd) {
@@ -131,7 +138,7 @@ pub(super) fn attention(ctx: &Ctx, w: &V4Layer, ls: &mut LayerState, past: usize
         }
         rope.rotate_heads(tok, hd, past + i, 1.0);
     }
-    let mut kv = rms_rows(&lin(be, &w.kv, x, t)?, &w.kv_norm, eps);
+    let mut kv = rms_rows(&lin(be, &w.kv, &xd, t)?, &w.kv_norm, eps);
     for (i, row) in kv.chunks_mut(hd).enumerate() {
         rope.rotate(row, past + i, 1.0);
     }
@@ -144,15 +151,15 @@ pub(super) fn attention(ctx: &Ctx, w: &V4Layer, ls: &mut LayerState, past: usize
         let (Some(entries), Some(carry)) = (entries.as_mut(), carry.as_mut()) else {
             return Err(ModelError::Invalid("a compressed layer's state has no entries".into()));
         };
-        compress_into(ctx, c, x, past, carry, 0, entries)?;
+        compress_into(ctx, c, &xd, t, past, carry, 0, entries)?;
         if let Some(ix) = &w.indexer {
             let Some(keys_buf) = index_keys.as_mut() else {
                 return Err(ModelError::Invalid("a CSA layer's state has no indexer keys".into()));
             };
             let at = super::carry_len(c.rate, c.dim, c.overlap);
-            compress_into(ctx, &ix.compressor, x, past, carry, at, keys_buf)?;
+            compress_into(ctx, &ix.compressor, &xd, t, past, carry, at, keys_buf)?;
             let keys = read(be, keys_buf, 0, ((past + t) / c.rate) * ix.compressor.dim)?;
-            chosen = Some(select(ctx, ix, &q_res, x, &keys, past)?);
+            chosen = Some(select(ctx, ix, &q_res, &xd, t, &keys, past)?);
             index_keys_seen = keys;
         }
     }
@@ -236,14 +243,13 @@ fn output(ctx: &Ctx, w: &V4Layer, out: &[f32], t: usize) -> Result<Vec<f32>, Mod
             grouped[i * groups * rank + g * rank..i * groups * rank + (g + 1) * rank].copy_from_slice(&y[i * rank..(i + 1) * rank]);
         }
     }
-    lin(be, &w.o_b, &grouped, t)
+    lin_host(be, &w.o_b, &grouped, t)
 }
 
 /// The lightning indexer: per new token, the compressed entries it may see with the best
 /// `Σ_h w_h · relu(q_h · k) / sqrt(d)` scores, at most `index_topk` of them, best first.
-fn select(ctx: &Ctx, ix: &super::Indexer, q_res: &[f32], x: &[f32], keys: &[f32], past: usize) -> Result<Vec<Vec<usize>>, ModelError> {
+fn select(ctx: &Ctx, ix: &super::Indexer, q_res: &DeviceBuffer, x: &DeviceBuffer, t: usize, keys: &[f32], past: usize) -> Result<Vec<Vec<usize>>, ModelError> {
     let (be, v4) = (ctx.be, ctx.v4);
-    let t = x.len() / ctx.cfg.hidden_size;
     let (heads, d) = (v4.index_heads, v4.index_head_dim);
     let mut q = lin(be, &ix.q_b, q_res, t)?;
     for (i, tok) in q.chunks_mut(heads * d).enumerate() {

@@ -1,12 +1,12 @@
 //! The DeepSeek-V4 layer loop over a batch of sequences: hyper-connections around attention
 //! (per sequence) and the MoE block (the whole batch's tokens together).
 
-use super::attention::{attention, lin, upload, Ctx};
+use super::attention::{attention, lin_host, upload, Ctx};
 use super::hyper::{combine, rms_rows, HcShape};
 use super::rope::Rotary;
 use crate::model::batch::BatchItem;
 use crate::model::forward::{download_f32, scratch, ExpertRunner, Trace};
-use crate::model::routing::{route, Routing};
+use crate::model::routing::{route, route_by_table};
 use crate::model::weights::{FeedForward, Mixer, MoeWeights};
 use crate::model::{Model, ModelError};
 use ft_backend::{BinaryOp, MatmulDesc};
@@ -91,7 +91,7 @@ impl Model {
         let vocab = cfg.vocab_size;
         let n = rows.len();
         let all = match &self.lm_head {
-            Some(head) => lin(be, head, &normed, n)?,
+            Some(head) => lin_host(be, head, &normed, n)?,
             None => {
                 let xd = upload(be, &normed)?;
                 let mut out = scratch(be, n * vocab)?;
@@ -122,7 +122,7 @@ impl Model {
         w.router.forward(be, &xd, &mut logits, t)?;
         let logits = download_f32(be, &logits, t * e)?;
         let routing = match tid2eid {
-            Some(table) => hash_route(&w.params, table, &logits, tokens, e),
+            Some(table) => route_by_table(&w.params, table, &logits, tokens, e),
             None => route(&w.params, &logits, t, e),
         };
         let mut out = scratch(be, t * h)?;
@@ -139,19 +139,4 @@ impl Model {
         }
         download_f32(be, &out, t * h)
     }
-}
-
-/// Hash routing: the experts come from the token-id table, their weights from the scores.
-fn hash_route(p: &crate::model::routing::RouterParams, table: &[u32], logits: &[f32], tokens: &[u32], n_experts: usize) -> Routing {
-    let k = p.top_k;
-    let mut out = Routing { top_k: k, ids: Vec::with_capacity(tokens.len() * k), weights: Vec::with_capacity(tokens.len() * k) };
-    for (i, &tok) in tokens.iter().enumerate() {
-        let row = &logits[i * n_experts..(i + 1) * n_experts];
-        let ids = &table[tok as usize * k..(tok as usize + 1) * k];
-        let scores: Vec<f32> = ids.iter().map(|&e| ft_backend::softplus(row[e as usize]).sqrt()).collect();
-        let sum = scores.iter().sum::<f32>() + 1e-20;
-        out.ids.extend_from_slice(ids);
-        out.weights.extend(scores.iter().map(|s| s / sum * p.routed_scaling_factor));
-    }
-    out
 }

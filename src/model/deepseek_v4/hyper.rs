@@ -10,9 +10,10 @@ pub(super) fn unweighted_rms(x: &[f32], eps: f32) -> Vec<f32> {
     x.iter().map(|v| v * r).collect()
 }
 
-/// RMSNorm with a weight, one row of `w.len()` values at a time.
+/// RMSNorm with a weight, one row of `w.len()` values at a time (the backends' reference).
 pub(super) fn rms_rows(x: &[f32], w: &[f32], eps: f32) -> Vec<f32> {
-    x.chunks(w.len()).flat_map(|row| unweighted_rms(row, eps).into_iter().zip(w).map(|(v, w)| v * w)).collect()
+    let desc = ft_backend::RmsNormDesc { rows: x.len() / w.len().max(1), dim: w.len(), eps, unit_offset: false };
+    ft_backend::reference::rms_norm(x, w, &desc)
 }
 
 /// `y[r] = m[r, ·] · x` for a row-major `[rows, x.len()]` matrix.

@@ -76,6 +76,21 @@ impl ToolMarkup {
         }
     }
 
+    /// What a call (or its section) opens with, where free text may stop for a lazy grammar;
+    /// DSML's two block names share `<｜DSML｜`. `None` for harmony, whose calls sit in message
+    /// headers.
+    pub fn call_marker(self) -> Option<&'static str> {
+        Some(match self {
+            Self::ToolCallTags => "<tool_call>",
+            Self::DeepSeek => DEEPSEEK_OPEN,
+            Self::Kimi => KIMI_OPEN,
+            Self::MiniMax => MINIMAX_OPEN,
+            Self::Dsml => "<｜DSML｜",
+            Self::Mistral => MISTRAL_OPEN,
+            Self::Harmony => return None,
+        })
+    }
+
     /// Every family's section markers.
     pub(super) fn all_sections() -> impl Iterator<Item = (&'static str, &'static str)> {
         [Self::DeepSeek, Self::Kimi, Self::MiniMax, Self::Dsml, Self::Mistral].into_iter().flat_map(|m| m.sections().iter().copied())
