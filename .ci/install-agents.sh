@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The real coding-agent CLIs that tests/agent_clis.rs runs against `ft-actor serve`, at pinned
+# The real coding-agent CLIs that tests/integration/agent_clis.rs runs against `ft-actor serve`, at pinned
 # versions (the one place they are named; the newest on npm when last bumped), installed from
 # npm into target/agents. FT_AGENTS_LATEST=1 installs each one's newest release instead, to try
 # a new version before pinning it.

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs the official OpenAI and Anthropic Python SDKs into .venv for the server tests
-# (tests/server_sdk.rs runs tests/python/test_sdk.py with .venv/bin/python), and gguf-py with
-# numpy, which write and decode the GGUF files of tests/gguf.rs (tests/python/hf_to_gguf.py), and
+# (tests/integration/server_sdk.rs runs tests/python/test_sdk.py with .venv/bin/python), and gguf-py with
+# numpy, which write and decode the GGUF files of tests/integration/gguf.rs (tests/python/hf_to_gguf.py), and
 # sentencepiece, the reference the SentencePiece GGUF tokenizer test trains and compares against
 # (tests/python/spm_to_gguf.py).
 # Idempotent: a .venv that already has the pinned versions is left as it is.

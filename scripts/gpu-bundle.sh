@@ -32,10 +32,10 @@ for line in sys.stdin:
 cargo build --release --bin ft-actor
 # Build first with normal output (errors show), then ask again for the paths.
 cargo test --release --no-run -p ft-backend-cuda
-cargo test --release --no-run --test fixture_models
+cargo test --release --no-run --test integration
 target_dir=$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')
 cp "$target_dir/release/ft-actor" "$OUT_DIR/ft-actor"
-{ list_tests -p ft-backend-cuda; list_tests --test fixture_models; } | while read -r name exe; do
+{ list_tests -p ft-backend-cuda; list_tests --test integration; } | while read -r name exe; do
   cp "$exe" "$OUT_DIR/$name"
 done
 strip "$OUT_DIR"/* 2>/dev/null || true

@@ -120,7 +120,7 @@ elif ! step =420 cargo build "${CARGO_PROFILE[@]}" --bin ft-actor; then
   exit 1
 else
   step =300 cargo test "${CARGO_PROFILE[@]}" --no-run -p ft-backend-cuda
-  step =300 cargo test "${CARGO_PROFILE[@]}" --no-run --test fixture_models
+  step =300 cargo test "${CARGO_PROFILE[@]}" --no-run --test integration
 fi
 
 # 2. Backend tests: conformance (one test per op and dtype) and the NVRTC compile check.
@@ -153,9 +153,9 @@ ops_skip=$(grep -c '^skipped:' "$CONF_OUT")
 # 3. Fixture models against the transformers references, on the backend under test.
 FIX_OUT="$WORK/fixtures.txt"
 if [ -n "$BIN_DIR" ]; then
-  FIX=("$BIN_DIR/fixture_models")
+  FIX=("$BIN_DIR/integration" fixture_models::)
 else
-  FIX=(cargo test "${CARGO_PROFILE[@]}" --test fixture_models --)
+  FIX=(cargo test "${CARGO_PROFILE[@]}" --test integration -- fixture_models::)
 fi
 say "\$ FT_TEST_BACKEND=$BACKEND ${FIX[*]}"
 FT_TEST_BACKEND=$BACKEND timeout --kill-after=10 "$(lim 120)" "${FIX[@]}" --test-threads=2 >"$FIX_OUT" 2>&1

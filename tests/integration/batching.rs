@@ -5,8 +5,7 @@
 //! of the same sequence alone (the matmul kernels sum in a different order for different
 //! token counts, nothing more), and the reference prompts' tokens equal transformers'.
 
-mod common;
-use common::*;
+use crate::common::*;
 use ft_actor::engine::{Engine, EngineConfig, EngineHandle, EngineRequest, GenEvent, QuantDot};
 use ft_actor::policy::MoeMode;
 

@@ -4,8 +4,7 @@
 //! on attention, latent (MLA) and recurrent models, with prefix reuse on (restarts restore the
 //! saved state) and off (restarts recompute it).
 
-mod common;
-use common::*;
+use crate::common::*;
 use ft_actor::engine::{Engine, EngineConfig, EngineHandle, EngineRequest, GenEvent};
 use ft_actor::policy::MoeMode;
 

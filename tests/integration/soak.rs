@@ -6,12 +6,11 @@
 //! warm-up (RSS growth under 10 %); and once the load stops no sequence, lease or armed fault
 //! is left behind.
 
-mod server_common;
 
 use ft_actor::policy::MoeMode;
 use ft_actor::server::ServerSettings;
 use serde_json::{json, Value};
-use server_common::*;
+use crate::server_common::*;
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

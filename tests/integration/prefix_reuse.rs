@@ -14,8 +14,6 @@
 //! - the output is the same as with reuse disabled: token for token on the engine API,
 //!   and the same response through the HTTP API.
 
-mod common;
-mod server_common;
 
 use ft_actor::chat::ChatTemplate;
 use ft_actor::engine::{Engine, EngineConfig, EngineHandle, EngineRequest};
@@ -24,7 +22,8 @@ use ft_actor::server::ServerSettings;
 use ft_actor::tokenizer::Tokenizer;
 use serde_json::{json, Value};
 use std::path::Path;
-use server_common::{post, request, TestServer};
+use crate::common;
+use crate::server_common::{post, request, TestServer};
 
 const MAX_TOKENS: usize = 6;
 

@@ -2,15 +2,14 @@
 //! fixture architecture. Each step's logits must be within [`tolerance`] of the reference,
 //! relative to the step's largest reference logit magnitude (rounding keys and values to 11 or 8
 //! significant bits moves these random tiny models' logits by up to 8e-4 of their range with
-//! f16 and 2.5e-2 with bf16; f32 caches stay within 1e-3 absolute, as tests/fixture_models.rs
+//! f16 and 2.5e-2 with bf16; f32 caches stay within 1e-3 absolute, as tests/integration/fixture_models.rs
 //! checks). With f16 the 16 greedy tokens of every reference prompt are transformers' exactly.
 //! bf16 may pick the other token where the reference's top two logits are closer than its
 //! error (gpt-oss's fixture has gaps of 0.004): such a flip is allowed only at a near-tie (gap
 //! within twice the logit error there) and ends that prompt's comparison. A cache holds half
 //! the bytes per token of an f32 one.
 
-mod common;
-use common::*;
+use crate::common::*;
 use ft_actor::engine::{Engine, EngineConfig, EngineRequest, GenEvent};
 use ft_actor::policy::MoeMode;
 use ft_backend::DType;

@@ -1,8 +1,7 @@
 //! The embedding API: the example program runs, and the engine lives under an application's
 //! own ractor supervisor.
 
-mod common;
-use common::*;
+use crate::common::*;
 use ft_actor::engine::{Engine, EngineConfig, EngineRequest};
 use ractor::{Actor, ActorProcessingErr, ActorRef, SupervisionEvent};
 use std::sync::{Arc, Mutex};

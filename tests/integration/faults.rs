@@ -3,8 +3,7 @@
 //! next request's tokens equal the reference); a resize works from any start state, is
 //! bounded by the memory budget, and rolls back when allocation fails.
 
-mod common;
-use common::*;
+use crate::common::*;
 use ft_actor::actors::faults::FaultCounts;
 use ft_actor::engine::{Engine, EngineError, EngineHandle, EngineRequest, GenEvent};
 use ft_actor::policy::{MoeMode, VramBudget};

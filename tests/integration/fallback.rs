@@ -4,8 +4,7 @@
 //! MLA, NVFP4, MXFP4 with sinks): logits equal the plain CPU run's (the same kernels, so
 //! within 1e-5), and the refused ops are never asked of it.
 
-mod common;
-use common::*;
+use crate::common::*;
 use ft_actor::kv::SequenceState;
 use ft_actor::model::{Logits, Model};
 use ft_actor::quantize::{quantize_checkpoint, QuantFormat, QuantizeOptions};

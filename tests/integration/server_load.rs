@@ -2,12 +2,11 @@
 //! four streaming APIs; every stream must be well-formed, and memory must not grow once the
 //! load has passed. Also: a client that disconnects cancels its generation.
 
-mod server_common;
 
 use ft_actor::engine::EngineConfig;
 use ft_actor::server::ServerSettings;
 use serde_json::json;
-use server_common::*;
+use crate::server_common::*;
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};

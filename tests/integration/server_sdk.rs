@@ -3,10 +3,9 @@
 //! they are missing the test says so and skips, unless `FT_REQUIRE_SDK_TESTS=1` (CI) makes
 //! that a failure.
 
-mod server_common;
 
 use ft_actor::server::ServerSettings;
-use server_common::{test_engine_config, TestServer};
+use crate::server_common::{test_engine_config, TestServer};
 use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};

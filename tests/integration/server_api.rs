@@ -2,13 +2,12 @@
 //! each API's own error shape, and the server keeps serving; plus the shapes of the
 //! operations routes. The engine is the demo model (random weights: shapes, not content).
 
-mod server_common;
 
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use ft_actor::server::{app, AppState, ServerSettings, ToolParser};
 use serde_json::{json, Value};
-use server_common::test_engine_config;
+use crate::server_common::test_engine_config;
 use std::sync::OnceLock;
 use tower::ServiceExt;
 

@@ -2,8 +2,7 @@
 //! device part of the budget is full and are evicted under the whole budget, and a restore
 //! from either place continues exactly like the original sequence.
 
-mod common;
-use common::*;
+use crate::common::*;
 use ft_actor::kv::reuse::{PrefixStore, ReuseSettings};
 use ft_actor::kv::SequenceState;
 use ft_actor::model::Logits;

@@ -6,8 +6,7 @@
 //! indexer choices identical; 16 greedy tokens identical; incremental decode vs full recompute
 //! <= 1e-4.
 
-mod common;
-use common::*;
+use crate::common::*;
 use ft_actor::kv::SequenceState;
 use ft_actor::model::{Logits, Trace};
 

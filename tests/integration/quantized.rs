@@ -6,8 +6,7 @@
 //! dequantized weights; only summation order differs), 16 greedy tokens identical, also
 //! through the actor pipeline in every MoE mode and with expert cache slots.
 
-mod common;
-use common::*;
+use crate::common::*;
 use ft_actor::engine::{Engine, EngineRequest, GenEvent};
 use ft_actor::kv::SequenceState;
 use ft_actor::model::{Logits, Model};

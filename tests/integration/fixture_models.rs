@@ -5,8 +5,7 @@
 //! largest magnitude; router ids identical as sets and weights within 1e-4; 16 greedy tokens
 //! identical; incremental decode vs. full recompute <= 1e-4.
 
-mod common;
-use common::*;
+use crate::common::*;
 use ft_actor::kv::SequenceState;
 use ft_actor::model::{Logits, Trace};
 

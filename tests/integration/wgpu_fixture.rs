@@ -8,8 +8,7 @@
 //! Without a wgpu adapter the tests print a skip line and pass, unless `FT_REQUIRE_WGPU=1`
 //! (CI), where a missing adapter fails them.
 
-mod common;
-use common::*;
+use crate::common::*;
 use ft_actor::device::{create_backend, BackendChoice, DeviceOptions};
 use ft_actor::kv::SequenceState;
 use ft_actor::model::{Logits, Model};
@@ -17,7 +16,7 @@ use ft_backend::{Backend, BackendKind};
 use std::process::Command;
 use std::sync::{Arc, OnceLock};
 
-/// Max abs difference of logits, as in tests/fixture_models.rs (f32 compute everywhere).
+/// Max abs difference of logits, as in tests/integration/fixture_models.rs (f32 compute everywhere).
 const LOGIT_TOL: f32 = 1e-3;
 
 /// The wgpu backend as `--backend wgpu` builds it, shared by the tests of this file; `None`

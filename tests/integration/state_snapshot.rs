@@ -3,8 +3,7 @@
 //! Covered for every kind of layer state: KV caches (full and sliding), the MLA latent
 //! cache and the hybrid models' convolution + recurrent state.
 
-mod common;
-use common::*;
+use crate::common::*;
 use ft_actor::kv::SequenceState;
 use ft_actor::model::{Logits, Model};
 

@@ -1,8 +1,7 @@
 //! The `ft-actor` binary end to end: outputs on the fixtures, and one clear error (never a
 //! panic) for each kind of bad input.
 
-mod common;
-use common::*;
+use crate::common::*;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 

@@ -5,8 +5,7 @@
 //! Tolerances as in `fixture_models.rs`: step logits within 1e-3 of transformers' decode
 //! logits, tokens identical.
 
-mod common;
-use common::*;
+use crate::common::*;
 use ft_actor::engine::{Engine, EngineConfig, EngineHandle, EngineRequest, GenEvent, PrefillMode};
 use ft_actor::policy::MoeMode;
 

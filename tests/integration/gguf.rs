@@ -10,8 +10,7 @@
 //!
 //! Without Python and `gguf` the tests say so and pass, unless `FT_REQUIRE_GGUF_PY=1` (CI).
 
-mod common;
-use common::*;
+use crate::common::*;
 use ft_actor::kv::SequenceState;
 use ft_actor::model::embedding::Embedding;
 use ft_actor::model::{Logits, Model};
