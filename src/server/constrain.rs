@@ -120,8 +120,7 @@ fn json_calls(markup: ToolMarkup, offered: &[(&str, Value)], opened: bool) -> Op
 /// With `tool_choice: auto` and tools marked `strict: true` (`raw`: the request's tools), a
 /// lazy grammar: text is free until the model opens a call section, and each call it then
 /// writes must name one of the tools and, for a strict one, match its schema; text after a call
-/// is free again. `None` when no tool is strict, and in harmony, whose calls sit in message
-/// headers of special tokens: there calls are parsed, not held.
+/// is free again (in harmony, see [`harmony_strict`]). `None` when no tool is strict.
 pub fn strict_calls(raw: &[Value], tools: &[Value], format: &ModelFormat) -> Option<GrammarSpec> {
     let strict: Vec<&str> = raw
         .iter()
@@ -132,7 +131,6 @@ pub fn strict_calls(raw: &[Value], tools: &[Value], format: &ModelFormat) -> Opt
     if strict.is_empty() || !format.tools {
         return None;
     }
-    let trigger = format.markup.call_marker()?;
     let offered: Vec<(&str, Value)> = tools
         .iter()
         .filter_map(|t| {
@@ -145,6 +143,10 @@ pub fn strict_calls(raw: &[Value], tools: &[Value], format: &ModelFormat) -> Opt
             Some((n, args))
         })
         .collect();
+    if format.markup == ToolMarkup::Harmony {
+        return Some(harmony_strict(&offered));
+    }
+    let trigger = format.markup.call_marker()?;
     // What follows the marker for one call.
     let body = match format.markup {
         ToolMarkup::ToolCallTags => format!("body: \"\\n\" call \"\\n</tool_call>\"\ncall: %json {}\n", tag_calls_schema(&offered)),
@@ -160,13 +162,45 @@ pub fn strict_calls(raw: &[Value], tools: &[Value], format: &ModelFormat) -> Opt
     Some(GrammarSpec::Lark(format!("start: seg* TAIL\nseg: pre body\npre[suffix={t}]: /(?s:.*)/\n{body}TAIL: /(?s:.*)/ & ~/(?s:.*){rx}(?s:.*)/\n")))
 }
 
+/// Strict tools under `auto` in gpt-oss's harmony, whose message headers are special tokens
+/// (no text marker to start a lazy grammar at): the whole output is held to the message
+/// structure — any number of messages on any channel, free text in their bodies — except that
+/// a header addressed `to=functions.` must be one of the calls, whose arguments match the
+/// tool's schema (a strict one's; an object for the others) and end the output.
+fn harmony_strict(offered: &[(&str, Value)]) -> GrammarSpec {
+    let calls = json_calls(ToolMarkup::Harmony, offered, true).unwrap_or_default();
+    GrammarSpec::Lark(format!(
+        "start: msg* (last | {alts})
+         msg: <|channel|> HDR <|message|> BODY <|end|> <|start|> ROLE
+         last: <|channel|> HDR <|message|> BODY
+         HDR: /[^<]*/ & ~/(?s:.*)to=functions(?s:.*)/
+         ROLE: /[^<]*/ & ~/(?s:.*)to=functions(?s:.*)/
+         BODY: /(?s:.*)/
+         {calls}",
+        alts = alternatives(offered.len())
+    ))
+}
+
 /// `s` as a regex matching it literally.
 fn regex_literal(s: &str) -> String {
     s.chars().map(|c| if "\\.+*?()|[]{}^$/".contains(c) { format!("\\{c}") } else { c.to_string() }).collect()
 }
 
+/// A string's JSON-schema `pattern` (unanchored, as JSON Schema reads it, unless it starts
+/// with `^` / ends with `$`) as a lexeme matching the whole value.
+fn pattern_regex(pattern: &str) -> String {
+    let (start, core) = match pattern.strip_prefix('^') {
+        Some(rest) => (true, rest),
+        None => (false, pattern),
+    };
+    let end = core.ends_with('$') && !core.ends_with("\\$");
+    let core = if end { &core[..core.len() - 1] } else { core };
+    let any = "(?s:.*)";
+    format!("/{}({}){}/", if start { "" } else { any }, core.replace('/', "\\/"), if end { "" } else { any })
+}
+
 /// A string parameter's raw text: one of its `enum`/`const` values, else text without `<`
-/// within its `minLength`/`maxLength` (a `pattern` is not enforced in this markup).
+/// within its `minLength`/`maxLength` (its `pattern` is added by [`xml_call`]).
 fn string_value(schema: &Value) -> String {
     let listed: Vec<String> = match (schema.get("enum").and_then(Value::as_array), schema.get("const").and_then(Value::as_str)) {
         (Some(e), _) => e.iter().filter_map(Value::as_str).map(lit).collect(),
@@ -196,7 +230,12 @@ fn xml_call(i: usize, name: &str, params: &Value, dsml: bool, after_trigger: boo
     let mut seq = vec![];
     for (k, (key, schema)) in props.iter().enumerate() {
         let string = schema.get("type").and_then(Value::as_str) == Some("string");
-        let value = if string {
+        let pattern = schema.get("pattern").and_then(Value::as_str).filter(|_| schema.get("enum").is_none() && schema.get("const").is_none());
+        let value = if let (true, Some(p)) = (string, pattern) {
+            // A terminal: the value's length and `<`-free text, intersected with the pattern.
+            rules.push_str(&format!("S{i}_{k}: {} & {}\n", string_value(schema), pattern_regex(p)));
+            format!("S{i}_{k}")
+        } else if string {
             string_value(schema)
         } else {
             rules.push_str(&format!("v{i}_{k}: %json {}\n", crate::sampling::grammar::compact_json(schema.clone())));
@@ -273,7 +312,6 @@ mod tests {
         let mut raw = tools();
         assert_eq!(strict_calls(&raw, &tools(), &tags()), None, "no strict tool: no grammar");
         raw[0]["function"]["strict"] = json!(true);
-        assert_eq!(strict_calls(&raw, &tools(), &ModelFormat { markup: ToolMarkup::Harmony, tools: true, ..ModelFormat::default() }), None);
         let spec = strict_calls(&raw, &tools(), &tags()).unwrap();
         let mut c = env.compile(&spec).unwrap();
         drive(&mut c, "<think>hm</think>\nLet me <b>check</b>.\n<tool_call>\n{\"name\": \"a\", \"arguments\": {\"x\": ");
@@ -356,6 +394,94 @@ mod tests {
             let Some(Parsed::ToolCall(call)) = out.first() else { panic!("{markup:?}: {out:?}") };
             assert_eq!((call.name.as_str(), &call.arguments["q"]), ("search", &json!("42 apples")), "{markup:?}");
         }
+    }
+
+    /// A string parameter's `pattern` holds in the XML markups: anchored and unanchored, with
+    /// the length limits kept.
+    #[test]
+    fn xml_string_parameters_follow_their_pattern() {
+        use crate::sampling::grammar::GrammarEnv;
+        assert_eq!(pattern_regex("^[A-Z]{3}$"), "/([A-Z]{3})/");
+        assert_eq!(pattern_regex("a/b"), "/(?s:.*)(a\\/b)(?s:.*)/");
+        let mut bytes: Vec<Vec<u8>> = (0u8..=255).map(|b| vec![b]).collect();
+        bytes.push([&[0xFF][..], b"<eos>"].concat());
+        let env = GrammarEnv::new(bytes, 257, 256).unwrap();
+        let tools = vec![json!({"type": "function", "function": {"name": "f", "parameters": {"type": "object",
+            "properties": {"code": {"type": "string", "pattern": "^[A-Z]{3}-\\d{2}$"}, "note": {"type": "string", "pattern": "ok", "maxLength": 6}},
+            "required": ["code", "note"]}}})];
+        let named = json!({"type": "function", "function": {"name": "f"}});
+        for markup in [ToolMarkup::MiniMax, ToolMarkup::Dsml] {
+            let format = ModelFormat { tools: true, markup, ..ModelFormat::default() };
+            let spec = tool_call(Some(&named), &tools, &format).unwrap().unwrap();
+            let (open, close, open2) = match markup {
+                ToolMarkup::Dsml => (
+                    "<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"f\">\n<｜DSML｜parameter name=\"code\" string=\"true\">",
+                    "</｜DSML｜parameter>\n",
+                    "<｜DSML｜parameter name=\"note\" string=\"true\">",
+                ),
+                _ => ("<minimax:tool_call>\n<invoke name=\"f\">\n<parameter name=\"code\">", "</parameter>\n", "<parameter name=\"note\">"),
+            };
+            let mut c = env.compile(&spec).unwrap();
+            drive(&mut c, open);
+            let m = c.mask().unwrap();
+            assert!(m.is_allowed(b'Q' as u32) && !m.is_allowed(b'q' as u32) && !m.is_allowed(b'<' as u32), "{markup:?}: anchored pattern");
+            drive(&mut c, "ABC-1");
+            assert!(!c.mask().unwrap().is_allowed(b'<' as u32), "{markup:?}: the pattern is not complete yet");
+            drive(&mut c, "2");
+            drive(&mut c, close);
+            drive(&mut c, open2);
+            // Unanchored: any text that contains `ok`, within maxLength 6.
+            drive(&mut c, "xxxx");
+            let m = c.mask().unwrap();
+            assert!(m.is_allowed(b'o' as u32) && !m.is_allowed(b'z' as u32) && !m.is_allowed(b'<' as u32), "{markup:?}: room only for `ok`");
+            drive(&mut c, "ok");
+            assert!(c.mask().unwrap().is_allowed(b'<' as u32), "{markup:?}: done");
+        }
+    }
+
+    /// Strict tools under `auto` in harmony: messages on any channel stay free, a header
+    /// addressed to a function must be one of the tools, and a strict tool's arguments follow
+    /// its schema.
+    #[test]
+    fn strict_tools_under_auto_in_harmony() {
+        use crate::sampling::grammar::GrammarEnv;
+        let specials = ["<|channel|>", "<|constrain|>", "<|message|>", "<|end|>", "<|start|>", "<|return|>"];
+        let mut bytes: Vec<Vec<u8>> = (0u8..=255).map(|b| vec![b]).collect();
+        bytes.extend(specials.iter().map(|s| [&[0xFF][..], s.as_bytes()].concat()));
+        let id = |s: &str| 256 + specials.iter().position(|x| *x == s).unwrap() as u32;
+        let env = GrammarEnv::new(bytes, 262, id("<|return|>")).unwrap();
+        let format = ModelFormat { tools: true, markup: ToolMarkup::Harmony, ..ModelFormat::default() };
+        let mut raw = tools();
+        raw[0]["function"]["strict"] = json!(true);
+        let spec = strict_calls(&raw, &tools(), &format).expect("a grammar for harmony");
+        let step = |c: &mut crate::sampling::grammar::Constraint, part: &str| {
+            if let Some(tok) = specials.iter().position(|s| *s == part) {
+                assert!(c.mask().unwrap().is_allowed(256 + tok as u32), "{part} must be allowed");
+                c.consume(256 + tok as u32).unwrap();
+            } else {
+                drive(c, part);
+            }
+        };
+        // Thinking, then a call to the strict tool.
+        let mut c = env.compile(&spec).unwrap();
+        for part in ["<|channel|>", "analysis", "<|message|>", "Need x. to=functions is fine in a body.", "<|end|>", "<|start|>", "assistant", "<|channel|>", "commentary to=functions."] {
+            step(&mut c, part);
+        }
+        let m = c.mask().unwrap();
+        assert!(m.is_allowed(b'a' as u32) && m.is_allowed(b'b' as u32) && !m.is_allowed(b'z' as u32), "only the offered tools");
+        for part in ["a ", "<|constrain|>", "json", "<|message|>", "{\"x\": "] {
+            step(&mut c, part);
+        }
+        let m = c.mask().unwrap();
+        assert!(m.is_allowed(b'7' as u32) && !m.is_allowed(b'"' as u32), "the strict tool's integer");
+        step(&mut c, "7}");
+        assert!(c.mask().unwrap().is_allowed(id("<|return|>")), "the call ends the output");
+        // A plain answer on the final channel is free and may end.
+        let mut c = env.compile(&spec).unwrap();
+        for part in ["<|channel|>", "final", "<|message|>", "Hello <b>there</b>."] {
+            step(&mut c, part);
+        }
+        assert!(c.mask().unwrap().is_allowed(id("<|return|>")));
     }
 
     /// A forced call in gpt-oss's harmony markup names its special tokens: over a vocabulary
