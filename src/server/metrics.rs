@@ -25,7 +25,7 @@ pub struct Metrics {
 /// The known routes (anything else is counted as `other`).
 const ROUTES: &[&str] = &[
     "/health", "/metrics", "/v1/chat/completions", "/v1/completions", "/v1/models", "/v1/responses",
-    "/v1/messages", "/v1/messages/count_tokens", "/v1/cache/status", "/v1/cache/resize",
+    "/v1/messages", "/v1/messages/count_tokens", "/v1/cache/status", "/v1/cache/resize", "/v1/stats", "/",
 ];
 
 fn route_label(path: &str) -> &'static str {

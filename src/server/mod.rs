@@ -10,6 +10,7 @@
 //! - [`responses`]: `/v1/responses` and `/v1/responses/{id}`
 //! - [`anthropic`]: `/v1/messages` and `/v1/messages/count_tokens`
 //! - [`ops`]: `/health`, `/metrics`, `/v1/cache/status`, `/v1/cache/resize`
+//! - [`web`]: the chat page and engine dashboard at `/` (assets embedded), and `/v1/stats`
 //! - [`parsers`]: reasoning and tool calls out of the model's text, streamed
 
 pub mod anthropic;
@@ -32,10 +33,12 @@ pub mod store;
 mod template_tests;
 #[cfg(test)]
 mod template_round_trip_tests;
+mod web;
 mod wire;
 
 pub use errors::{ApiError, ErrorKind, Flavor};
 pub use settings::{ReasoningParser, ServerSettings, ToolParser};
+pub use prompt::{opens_think, ModelFormat};
 
 use crate::chat::ChatTemplate;
 use crate::engine::EngineHandle;
@@ -178,12 +181,14 @@ pub fn app(state: AppState) -> Router {
         .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
         .route("/metrics", get(ops::metrics))
         .route("/v1/cache/status", get(ops::cache_status))
-        .route("/v1/cache/resize", post(ops::cache_resize));
+        .route("/v1/cache/resize", post(ops::cache_resize))
+        .route("/v1/stats", get(web::stats));
     let api = if state.settings.fault_injection { api.route("/v1/debug/faults", post(ops::inject_faults)) } else { api };
     let api = api
         .route_layer(middleware::from_fn_with_state(state.clone(), require_key));
     Router::new()
         .route("/health", get(ops::health))
+        .merge(web::pages())
         .merge(api)
         .method_not_allowed_fallback(method_not_allowed)
         .fallback(not_found)

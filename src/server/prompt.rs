@@ -145,7 +145,7 @@ impl Conversation {
 }
 
 /// True when the last `<think>` in the prompt is not closed.
-fn opens_think(text: &str) -> bool {
+pub fn opens_think(text: &str) -> bool {
     match (text.rfind("<think>"), text.rfind("</think>")) {
         (Some(open), Some(close)) => open > close,
         (Some(_), None) => true,

@@ -29,4 +29,5 @@ mod soak;
 mod state_snapshot;
 mod synth;
 mod tokenizer_cases;
+mod web_page;
 mod wgpu_fixture;
