@@ -7,6 +7,7 @@ mod launch;
 mod quantize;
 mod replay;
 mod serve;
+mod shell;
 mod synth;
 
 use crate::device::BackendChoice;
@@ -45,6 +46,8 @@ enum Command {
     Serve(serve::ServeArgs),
     /// Run a coding agent (Claude Code, Codex, OpenCode) against the local server.
     Launch(launch::LaunchArgs),
+    /// Chat with the model in the terminal.
+    Shell(shell::ShellArgs),
 }
 
 /// Which model and how to run it: shared by every command that runs a model.
@@ -154,6 +157,7 @@ pub fn main() -> ExitCode {
         Command::Quantize(a) => quantize::run(a),
         Command::Serve(a) => serve::run(a),
         Command::Launch(a) => launch::run(a),
+        Command::Shell(a) => shell::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -25,6 +25,7 @@ mod server_api;
 mod server_cli;
 mod server_load;
 mod server_sdk;
+mod shell;
 mod soak;
 mod state_snapshot;
 mod synth;
