@@ -14,6 +14,7 @@ pub mod config;
 pub mod demo;
 pub mod device;
 pub mod engine;
+pub mod hub;
 pub mod kv;
 pub mod launch;
 pub mod model;

@@ -12,6 +12,7 @@
 pub mod concurrency;
 pub mod constrained;
 pub mod replay;
+pub mod stream;
 pub mod subagents;
 
 use crate::engine::{EngineError, EngineHandle, EngineRequest, GenEvent};

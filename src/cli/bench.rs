@@ -46,6 +46,36 @@ pub struct BenchArgs {
     constrained: bool,
 }
 
+/// Where the bench says what it is doing: a spinner with the current step on a terminal, a
+/// line per step otherwise (logs keep every step; a terminal keeps one line).
+struct Status(Option<indicatif::ProgressBar>);
+
+impl Status {
+    fn new() -> Status {
+        use std::io::IsTerminal;
+        if !std::io::stderr().is_terminal() {
+            return Status(None);
+        }
+        let bar = indicatif::ProgressBar::new_spinner();
+        bar.set_style(indicatif::ProgressStyle::with_template("{spinner} [{elapsed}] {msg}").unwrap_or_else(|_| indicatif::ProgressStyle::default_spinner()));
+        bar.enable_steady_tick(std::time::Duration::from_millis(120));
+        Status(Some(bar))
+    }
+
+    fn say(&self, line: &str) {
+        match &self.0 {
+            Some(bar) => bar.set_message(line.to_string()),
+            None => eprintln!("{line}"),
+        }
+    }
+
+    fn done(&self) {
+        if let Some(bar) = &self.0 {
+            bar.finish_and_clear();
+        }
+    }
+}
+
 /// `bench`.
 pub fn run(a: BenchArgs) -> Result<()> {
     let threads = a.model.cpu_threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
@@ -66,7 +96,9 @@ pub fn run(a: BenchArgs) -> Result<()> {
         let r = rt.block_on(async {
             let engine = start_engine(config).await?;
             let info = engine.info().clone();
-            let r = run_bench(&engine, &opts, &mut |line| eprintln!("[{mode}] {line}")).await;
+            let status = Status::new();
+            let r = run_bench(&engine, &opts, &mut |line| status.say(&format!("[{mode}] {line}"))).await;
+            status.done();
             let mut together = vec![];
             let mut arrival = None;
             if r.is_ok() {

@@ -4,7 +4,6 @@ use super::{runtime, ModelArgs};
 use crate::chat::{ChatRequest, ChatTemplate};
 use crate::engine::{EngineHandle, EngineRequest, GenEvent};
 use crate::model::generation_config::GenerationConfig;
-use crate::sampling::SamplingOverrides;
 use crate::tokenizer::Tokenizer;
 use anyhow::{bail, Context, Result};
 use clap::Args;
@@ -41,24 +40,8 @@ pub struct GenerateArgs {
     /// Most new tokens.
     #[arg(long, default_value_t = 128)]
     max_tokens: usize,
-    /// Sampling temperature (0 = greedy). Default: the model's generation_config.json.
-    #[arg(long)]
-    temperature: Option<f32>,
-    /// Nucleus sampling mass.
-    #[arg(long)]
-    top_p: Option<f32>,
-    /// Keep only the k most likely tokens (0 = off).
-    #[arg(long)]
-    top_k: Option<usize>,
-    /// Drop tokens below min_p × the best probability.
-    #[arg(long)]
-    min_p: Option<f32>,
-    /// Penalty for repeated tokens (1 = off).
-    #[arg(long)]
-    repetition_penalty: Option<f32>,
-    /// Random seed for reproducible sampling.
-    #[arg(long)]
-    seed: Option<u64>,
+    #[command(flatten)]
+    sampling: super::SamplingArgs,
     /// Stop when this text appears (repeatable).
     #[arg(long)]
     stop: Vec<String>,
@@ -117,15 +100,7 @@ pub fn run_generate(a: GenerateArgs) -> Result<()> {
 async fn generate_with(engine: &EngineHandle, a: &GenerateArgs) -> Result<()> {
     let tok = engine.tokenizer().map(|t| t.as_ref());
     let prompt = prompt_ids(&a.prompt, tok)?;
-    let overrides = SamplingOverrides {
-        temperature: a.temperature,
-        top_p: a.top_p,
-        top_k: a.top_k,
-        min_p: a.min_p,
-        repetition_penalty: a.repetition_penalty,
-        seed: a.seed,
-        ..Default::default()
-    };
+    let overrides = a.sampling.overrides();
     let sampling = overrides.apply(&GenerationConfig::from_dir(&engine.info().model_dir)?.sampling());
     let prompt_len = prompt.len();
     let req = EngineRequest {

@@ -4,6 +4,7 @@ mod bench;
 mod generate;
 mod info;
 mod launch;
+mod plan;
 mod quantize;
 mod replay;
 mod serve;
@@ -34,6 +35,8 @@ enum Command {
     Logits(generate::LogitsArgs),
     /// Show a model's architecture, sizes and memory plan.
     Info(info::InfoArgs),
+    /// Will a model fit, and how fast will it decode? From its config and headers, before download.
+    Plan(plan::PlanArgs),
     /// Measure prefill/decode speed against the machine's memory bandwidth.
     Bench(bench::BenchArgs),
     /// Replay an agent transcript with edits, with and without prefix reuse (prefill, TTFT).
@@ -50,10 +53,50 @@ enum Command {
     Shell(shell::ShellArgs),
 }
 
+/// Sampling flags shared by the commands that generate (`generate`, `shell`); each unset one
+/// keeps the model's generation_config.json value.
+#[derive(Args, Debug, Clone)]
+pub struct SamplingArgs {
+    /// Sampling temperature (0 = greedy). Default: the model's generation_config.json.
+    #[arg(long)]
+    pub temperature: Option<f32>,
+    /// Nucleus sampling mass.
+    #[arg(long)]
+    pub top_p: Option<f32>,
+    /// Keep only the k most likely tokens (0 = off).
+    #[arg(long)]
+    pub top_k: Option<usize>,
+    /// Drop tokens below min_p × the best probability.
+    #[arg(long)]
+    pub min_p: Option<f32>,
+    /// Penalty for repeated tokens (1 = off).
+    #[arg(long)]
+    pub repetition_penalty: Option<f32>,
+    /// Random seed for reproducible sampling.
+    #[arg(long)]
+    pub seed: Option<u64>,
+}
+
+impl SamplingArgs {
+    /// The flags as overrides of the model's sampling defaults.
+    pub fn overrides(&self) -> crate::sampling::SamplingOverrides {
+        crate::sampling::SamplingOverrides {
+            temperature: self.temperature,
+            top_p: self.top_p,
+            top_k: self.top_k,
+            min_p: self.min_p,
+            repetition_penalty: self.repetition_penalty,
+            seed: self.seed,
+            ..Default::default()
+        }
+    }
+}
+
 /// Which model and how to run it: shared by every command that runs a model.
 #[derive(Args, Debug, Clone)]
 pub struct ModelArgs {
-    /// Hugging Face checkpoint folder (default: the tiny built-in demo model).
+    /// Checkpoint folder, GGUF file, or Hugging Face model name (`org/name[:revision]`,
+    /// `org/name/file.gguf`; downloaded into the hub cache). Default: the built-in demo model.
     #[arg(long, env = "FT_MODEL")]
     pub model: Option<PathBuf>,
     /// Backend: auto, cpu, cuda or wgpu.
@@ -107,7 +150,8 @@ impl ModelArgs {
 }
 
 /// Starts an engine with a loading progress bar on a terminal.
-pub async fn start_engine(config: EngineConfig) -> Result<EngineHandle> {
+pub async fn start_engine(mut config: EngineConfig) -> Result<EngineHandle> {
+    config.model = resolve_model(config.model.take()).await?;
     let bar = indicatif::ProgressBar::new(0);
     bar.set_style(
         indicatif::ProgressStyle::with_template("loading [{bar:30}] {pos}/{len} tensors")
@@ -132,6 +176,14 @@ pub async fn start_engine(config: EngineConfig) -> Result<EngineHandle> {
     Ok(handle)
 }
 
+/// `--model` as a local path: a hub model name is looked up in the Hugging Face cache and
+/// what is missing downloaded (blocking I/O, so off the async workers).
+pub async fn resolve_model(model: Option<PathBuf>) -> Result<Option<PathBuf>> {
+    let Some(m) = model else { return Ok(None) };
+    let path = tokio::task::spawn_blocking(move || crate::hub::resolve_model_arg(&m)).await??;
+    Ok(Some(path))
+}
+
 /// A tokio runtime for a command.
 pub fn runtime() -> Result<tokio::runtime::Runtime> {
     Ok(tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?)
@@ -151,6 +203,7 @@ pub fn main() -> ExitCode {
         Command::Generate(a) => generate::run_generate(a),
         Command::Logits(a) => generate::run_logits(a),
         Command::Info(a) => info::run(a),
+        Command::Plan(a) => plan::run(a),
         Command::Bench(a) => bench::run(a),
         Command::BenchReplay(a) => replay::run(a),
         Command::Synth(a) => synth::run(a),

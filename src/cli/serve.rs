@@ -17,8 +17,9 @@ pub struct ConfigArgs {
     #[arg(long, env = "FT_CONFIG", value_name = "FILE")]
     #[serde(skip)]
     pub config: Option<PathBuf>,
-    /// Hugging Face checkpoint folder (default: the built-in demo model).
-    #[arg(long, value_name = "DIR")]
+    /// Checkpoint folder, GGUF file, or Hugging Face model name (`org/name[:revision]`,
+    /// `org/name/file.gguf`). Default: the built-in demo model.
+    #[arg(long, value_name = "DIR|FILE|NAME")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub model: Option<String>,
     /// Backend: auto, cpu, cuda or wgpu.
@@ -217,7 +218,12 @@ pub fn run(args: ServeArgs) -> Result<()> {
 }
 
 async fn serve(cfg: ServeConfig) -> Result<()> {
-    let ServeConfig { engine: engine_cfg, server, .. } = cfg;
+    let ServeConfig { engine: mut engine_cfg, mut server, .. } = cfg;
+    // A hub model name is served under that name, not its snapshot folder's commit hash.
+    if let Some(name) = engine_cfg.model.as_deref().filter(|m| !m.exists()).and_then(|m| m.to_str()).and_then(crate::hub::ModelName::parse) {
+        server.served_model_name.get_or_insert_with(|| name.display());
+    }
+    engine_cfg.model = super::resolve_model(engine_cfg.model.take()).await?;
     let backend = engine_cfg.backend;
     let addr = format!("{}:{}", server.host, server.port);
     // Bind first: a busy port should fail before minutes of model loading.

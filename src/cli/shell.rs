@@ -13,7 +13,7 @@ use super::{runtime, ModelArgs};
 use crate::chat::{ChatRequest, ChatTemplate};
 use crate::engine::{EngineHandle, EngineRequest, FinishReason, GenEvent};
 use crate::model::generation_config::GenerationConfig;
-use crate::sampling::{SamplingOverrides, SamplingParams};
+use crate::sampling::SamplingParams;
 use crate::server::parsers::{OutputParser, Parsed, ParserOptions, ToolMarkup};
 use crate::server::{opens_think, ModelFormat, ServerSettings};
 use crate::tokenizer::Tokenizer;
@@ -40,24 +40,8 @@ pub struct ShellArgs {
     /// Most new tokens per reply (fewer when the context is nearly full).
     #[arg(long, default_value_t = 1024)]
     max_tokens: usize,
-    /// Sampling temperature (0 = greedy). Default: the model's generation_config.json.
-    #[arg(long)]
-    temperature: Option<f32>,
-    /// Nucleus sampling mass.
-    #[arg(long)]
-    top_p: Option<f32>,
-    /// Keep only the k most likely tokens (0 = off).
-    #[arg(long)]
-    top_k: Option<usize>,
-    /// Drop tokens below min_p × the best probability.
-    #[arg(long)]
-    min_p: Option<f32>,
-    /// Penalty for repeated tokens (1 = off).
-    #[arg(long)]
-    repetition_penalty: Option<f32>,
-    /// Random seed for reproducible sampling.
-    #[arg(long)]
-    seed: Option<u64>,
+    #[command(flatten)]
+    sampling: super::SamplingArgs,
     /// Ask the chat template to skip thinking (templates with an `enable_thinking` switch).
     #[arg(long)]
     no_think: bool,
@@ -154,15 +138,7 @@ impl<'r> Shell<'r> {
         let tok = engine.tokenizer().cloned().context("the shell needs the model's tokenizer (tokenizer.json)")?;
         let template = ChatTemplate::from_tokenizer(&tok).context("the shell needs the model's chat template")?;
         let format = ModelFormat::detect(&tok, Some(&template), &ServerSettings::default());
-        let overrides = SamplingOverrides {
-            temperature: a.temperature,
-            top_p: a.top_p,
-            top_k: a.top_k,
-            min_p: a.min_p,
-            repetition_penalty: a.repetition_penalty,
-            seed: a.seed,
-            ..Default::default()
-        };
+        let overrides = a.sampling.overrides();
         let sampling = overrides.apply(&GenerationConfig::from_dir(&info.model_dir)?.sampling());
         sampling.validate()?;
         let model_name = match &a.model.model {

@@ -446,7 +446,11 @@ impl SequenceState {
 
     /// Bytes of cache in `dtype` that grow with each token of context, for `model`.
     pub fn bytes_per_token_as(model: &Model, dtype: DType) -> usize {
-        let c = model.config();
+        Self::bytes_per_token_of(model.config(), dtype)
+    }
+
+    /// Bytes of cache in `dtype` that grow with each token of context, from the config alone.
+    pub fn bytes_per_token_of(c: &crate::model::ModelConfig, dtype: DType) -> usize {
         if let Some(v4) = &c.v4 {
             // V4 state is always f32 (the attention reads it on the host).
             return v4.attention.iter().map(|k| v4_widths(c, v4, *k).0).sum::<usize>() * DType::F32.size();
@@ -461,7 +465,11 @@ impl SequenceState {
 
     /// Bytes of fixed-size (recurrent) state per sequence, for `model`.
     pub fn fixed_bytes(model: &Model) -> usize {
-        let c = model.config();
+        Self::fixed_bytes_of(model.config())
+    }
+
+    /// Bytes of fixed-size (recurrent) state per sequence, from the config alone.
+    pub fn fixed_bytes_of(c: &crate::model::ModelConfig) -> usize {
         if let Some(v4) = &c.v4 {
             return v4.attention.iter().map(|k| v4_widths(c, v4, *k).1).sum::<usize>() * DType::F32.size();
         }

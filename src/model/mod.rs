@@ -8,6 +8,7 @@ pub mod fallback;
 pub mod fault;
 pub mod batch;
 pub mod deepseek_v4;
+pub mod footprint;
 pub mod forward;
 pub mod generation_config;
 pub mod gguf;
@@ -93,19 +94,24 @@ pub struct Model {
     host_cpu: fallback::HostCpu,
 }
 
+/// A checkpoint's config, tensor index (headers read, data mapped, not read) and quantization
+/// scheme: a folder of safetensors, or a GGUF file.
+pub fn open_checkpoint(dir: &Path) -> Result<(ModelConfig, WeightFiles, quant::QuantScheme), ModelError> {
+    if gguf::is_gguf(dir) {
+        let g = gguf::load::GgufModel::open(dir)?;
+        let files = g.weight_files()?;
+        return Ok((g.config, files, quant::QuantScheme::None));
+    }
+    if !dir.is_dir() {
+        return Err(ModelError::NoFolder(dir.to_path_buf()));
+    }
+    Ok((ModelConfig::from_dir(dir)?, WeightFiles::open(dir)?, quant::QuantScheme::from_dir(dir)?))
+}
+
 impl Model {
     /// Loads the checkpoint in `dir` onto `backend`. `progress(done, total)` is called per tensor.
     pub fn load(dir: &Path, backend: Arc<dyn Backend>, progress: &mut dyn FnMut(usize, usize)) -> Result<Model, ModelError> {
-        let (config, files, quant) = if gguf::is_gguf(dir) {
-            let g = gguf::load::GgufModel::open(dir)?;
-            let files = g.weight_files()?;
-            (g.config, files, quant::QuantScheme::None)
-        } else {
-            if !dir.is_dir() {
-                return Err(ModelError::NoFolder(dir.to_path_buf()));
-            }
-            (ModelConfig::from_dir(dir)?, WeightFiles::open(dir)?, quant::QuantScheme::from_dir(dir)?)
-        };
+        let (config, files, quant) = open_checkpoint(dir)?;
         let total = files.names().count();
         let mut done = 0usize;
         let mut on_tensor = |_: &str| {

@@ -16,11 +16,13 @@
 //! - [`budget`]: the device memory plan and the `--vram-budget` parser.
 //! - [`kv_pool`]: the KV pool's size, and which sequences run or are preempted when it fills.
 //! - [`profile`]: stored bandwidth measurements per machine, and config overrides.
+//! - [`fit`]: `ft-actor plan`'s decode prediction and the cache hit rate it assumes.
 
 pub mod anchors;
 pub mod batch;
 pub mod budget;
 pub mod cache;
+pub mod fit;
 pub mod kv_pool;
 pub mod mode;
 pub mod planner;

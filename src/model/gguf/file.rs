@@ -338,7 +338,7 @@ fn align_up(x: u64, a: u64) -> Option<u64> {
 }
 
 /// The split naming of gguf-split: `<prefix>-<no>-of-<count>.gguf` → (prefix, no digits, count digits, extension).
-fn split_name(path: &Path) -> Option<(&str, &str, &str, &str)> {
+pub(crate) fn split_name(path: &Path) -> Option<(&str, &str, &str, &str)> {
     let name = path.file_name()?.to_str()?;
     let (stem, ext) = name.rsplit_once('.')?;
     let (head, count) = stem.rsplit_once("-of-")?;

@@ -7,6 +7,7 @@ pub mod load;
 pub mod tokenizer;
 
 pub use file::{GgufError, GgufFile, GgufTensor};
+pub(crate) use file::split_name;
 
 /// One metadata value, as typed in the file.
 #[derive(Clone, Debug, PartialEq)]
