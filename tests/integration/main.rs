@@ -1,12 +1,13 @@
 //! The integration tests, one binary: each module was its own test target, but 25 binaries that
 //! each link the whole engine cost CI minutes of linking and gigabytes of disk (a CI run ran out
-//! of space linking them). `cargo test --test integration MODULE::` runs one of them.
+//! of space linking them). `cargo test --test integration MODULE::` runs one of them. Tests
+//! that measure the whole process (memory growth) or depend on timing keep binaries of their
+//! own: `tests/soak`, `tests/server_load`, `tests/batching`.
 
 mod common;
 mod server_common;
 
 mod agent_clis;
-mod batching;
 mod cli;
 mod configs_plan;
 mod deepseek_v4;
@@ -25,10 +26,8 @@ mod prefix_store;
 mod quantized;
 mod server_api;
 mod server_cli;
-mod server_load;
 mod server_sdk;
 mod shell;
-mod soak;
 mod state_snapshot;
 mod synth;
 mod tokenizer_cases;

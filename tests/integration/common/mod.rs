@@ -69,7 +69,7 @@ pub fn load(name: &str) -> Model {
 /// An engine on the CPU backend over `dir` with `slots` expert cache slots in `mode`, decode-path
 /// prefill, equal measured bandwidths (so the hybrid split sends half of the misses each way),
 /// f32 activations and f32 KV caches, so that its logits compare with the f32 reference at 1e-3
-/// (tests/integration/kv_dtype.rs checks the default f16 caches; tests/integration/batching.rs, quantized.rs and
+/// (tests/integration/kv_dtype.rs checks the default f16 caches; tests/batching/batching.rs, quantized.rs and
 /// gguf.rs the default reduced-precision activations).
 pub fn pipeline_config(dir: PathBuf, slots: u64, mode: ft_actor::policy::MoeMode) -> ft_actor::engine::EngineConfig {
     ft_actor::engine::EngineConfig {
