@@ -92,8 +92,7 @@ pub fn cpu_stream_rate(pool: &ThreadPool, dot: QuantDot, dtype: DType, shape: Ex
     let expert_bytes: usize = one.iter().map(Vec::len).sum();
     let copies = (PROBE_BYTES as usize).div_ceil(expert_bytes).max(2 * shape.parallel.max(1));
     // Distinct copies, so no pass finds an expert in cache from the one before, in a mapped
-    // file as the engine's experts are: page-cache pages, whose size changes the rate (heap
-    // memory in huge pages streamed half as fast again here as the same bytes mapped).
+    // file as the engine's experts are (page-cache pages, not heap memory).
     let map = mapped_copies(&one, copies).map_err(|e| BackendError::Device(format!("probe file: {e}")))?;
     let experts: Vec<[&[u8]; 3]> = (0..copies)
         .map(|c| {
