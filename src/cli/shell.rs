@@ -292,16 +292,9 @@ impl<'r> Shell<'r> {
             ..Default::default()
         });
         let req = EngineRequest {
-            prompt,
-            max_tokens: self.max_tokens.min(context - prompt_len),
             sampling: self.sampling.clone(),
-            stop: vec![],
-            stop_ids: vec![],
-            ignore_eos: false,
-            return_logits: false,
-            logprobs: None,
-            constraint: None,
             keep_special_tokens: harmony,
+            ..EngineRequest::greedy(prompt, self.max_tokens.min(context - prompt_len))
         };
         tracing::debug!(prompt_tokens = prompt_len, "shell turn");
         let mut stops = self.interrupt.stops.subscribe();
