@@ -164,13 +164,7 @@ pub fn resolve(name: &ModelName) -> Result<PathBuf, HubError> {
     if offline() {
         return cached(&cache, name).ok_or_else(|| HubError::OfflineAbsent { name: name.display(), cache: cache.path().clone() });
     }
-    let token = std::env::var("HF_TOKEN").ok().filter(|t| !t.trim().is_empty()).or_else(|| cache.token());
-    let api = ApiBuilder::from_cache(cache.clone())
-        .with_endpoint(endpoint())
-        .with_token(token)
-        .with_progress(std::io::stderr().is_terminal())
-        .build()
-        .map_err(|e| HubError::Client(Box::new(e)))?;
+    let (api, _) = client(&cache, std::io::stderr().is_terminal())?;
     let info = match api.repo(Repo::with_revision(name.repo.clone(), RepoType::Model, name.revision.clone())).info() {
         Ok(i) => i,
         Err(e) => return offline_fallback(&cache, name, e),
@@ -218,12 +212,11 @@ pub fn resolve_index_arg(arg: &Path) -> Result<PathBuf, HubError> {
             why: "planning a GGUF file on the hub needs the file itself; download it first (any command that runs it does), or plan the repository's safetensors checkpoint".into(),
         });
     }
-    let token = std::env::var("HF_TOKEN").ok().filter(|t| !t.trim().is_empty()).or_else(|| cache.token());
-    let api = ApiBuilder::from_cache(cache.clone()).with_endpoint(endpoint()).with_token(token.clone()).with_progress(false).build().map_err(|e| HubError::Client(Box::new(e)))?;
-    let info = api
-        .repo(Repo::with_revision(name.repo.clone(), RepoType::Model, name.revision.clone()))
-        .info()
-        .map_err(|e| offline_fallback(&cache, &name, e).err().unwrap_or_else(|| HubError::NothingToRun { name: name.display(), why: "the repository listing failed".into() }))?;
+    let (api, token) = client(&cache, false)?;
+    let info = match api.repo(Repo::with_revision(name.repo.clone(), RepoType::Model, name.revision.clone())).info() {
+        Ok(i) => i,
+        Err(e) => return offline_fallback(&cache, &name, e),
+    };
     let files: Vec<String> = info.siblings.into_iter().map(|s| s.rfilename).collect();
     let wanted = wanted_files(&name, &files)?;
     let pinned = api.repo(Repo::with_revision(name.repo.clone(), RepoType::Model, info.sha.clone()));
@@ -286,6 +279,18 @@ fn write_header_only(agent: &ureq::Agent, url: &str, token: Option<&str>, dst: &
     use std::io::Write;
     f.write_all(&len).and_then(|_| f.write_all(&header)).and_then(|_| f.set_len(total)).map_err(|e| e.to_string())?;
     std::fs::rename(&tmp, dst).map_err(|e| e.to_string())
+}
+
+/// The hub client for `cache` and the token it sends (`HF_TOKEN`, else the saved token file).
+fn client(cache: &Cache, progress: bool) -> Result<(hf_hub::api::sync::Api, Option<String>), HubError> {
+    let token = std::env::var("HF_TOKEN").ok().filter(|t| !t.trim().is_empty()).or_else(|| cache.token());
+    let api = ApiBuilder::from_cache(cache.clone())
+        .with_endpoint(endpoint())
+        .with_token(token.clone())
+        .with_progress(progress)
+        .build()
+        .map_err(|e| HubError::Client(Box::new(e)))?;
+    Ok((api, token))
 }
 
 /// One file from the cache, or downloaded into it.

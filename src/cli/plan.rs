@@ -73,13 +73,9 @@ fn gb(x: f64) -> f64 {
     x * 1e9
 }
 
-/// This machine's memory from /proc/meminfo: (available, total).
+/// This machine's memory: (available, total) bytes.
 fn host_memory() -> Option<(u64, u64)> {
-    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let field = |k: &str| -> Option<u64> {
-        let line = text.lines().find(|l| l.starts_with(k))?;
-        Some(line.split_whitespace().nth(1)?.parse::<u64>().ok()? * 1024)
-    };
+    let field = |k: &str| ft_backend_cpu::meminfo_kib(k).map(|kib| kib * 1024);
     Some((field("MemAvailable:")?, field("MemTotal:")?))
 }
 

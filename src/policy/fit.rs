@@ -42,7 +42,7 @@ pub struct GpuRates {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Prediction {
     /// `cpu`, `offload` or `hybrid`.
-    pub mode: &'static str,
+    pub mode: String,
     /// Tokens per second.
     pub tokens_per_s: f64,
     /// Expert cache hit rate used (0 without a cache).
@@ -82,7 +82,7 @@ pub fn predict_cpu(r: &TokenReads) -> Prediction {
     let kv_rate = r.dense.first().map_or(0.0, |p| p.1);
     let kv_s = if r.kv_bytes == 0 { 0.0 } else { secs(&[(r.kv_bytes, kv_rate)]) };
     let breakdown = Breakdown { dense_s, experts_s, misses_s: 0.0, kv_s };
-    Prediction { mode: "cpu", tokens_per_s: 1.0 / (dense_s + experts_s + kv_s), hit_rate: 0.0, fetched_per_layer: 0.0, breakdown }
+    Prediction { mode: "cpu".into(), tokens_per_s: 1.0 / (dense_s + experts_s + kv_s), hit_rate: 0.0, fetched_per_layer: 0.0, breakdown }
 }
 
 /// With a GPU holding the non-expert weights and `hit_rate` of the routed experts.
@@ -116,13 +116,8 @@ pub fn predict_gpu(r: &TokenReads, gpu: GpuRates, hit_rate: f64, mode: ResolvedM
     let ((t_lo, q_lo), (t_hi, q_hi)) = (layer(lo), layer(hi));
     let misses_s = r.moe_layers as f64 * ((1.0 - w) * t_lo + w * t_hi);
     let fetched = (1.0 - w) * q_lo + w * q_hi;
-    let name = match mode {
-        ResolvedMode::Offload => "offload",
-        ResolvedMode::Cpu => "cpu",
-        ResolvedMode::Hybrid => "hybrid",
-    };
     let breakdown = Breakdown { dense_s, experts_s, misses_s, kv_s };
-    Prediction { mode: name, tokens_per_s: 1.0 / (dense_s + experts_s + misses_s + kv_s), hit_rate: h, fetched_per_layer: fetched, breakdown }
+    Prediction { mode: mode.to_string(), tokens_per_s: 1.0 / (dense_s + experts_s + misses_s + kv_s), hit_rate: h, fetched_per_layer: fetched, breakdown }
 }
 
 /// The synthetic routing trace [`simulate_hit_rate`] replays.

@@ -146,7 +146,7 @@ impl CpuBackend {
 }
 
 /// A `/proc/meminfo` field in KiB (Linux only; `None` elsewhere or if unreadable).
-fn meminfo_kib(field: &str) -> Option<u64> {
+pub fn meminfo_kib(field: &str) -> Option<u64> {
     let text = std::fs::read_to_string("/proc/meminfo").ok()?;
     let line = text.lines().find(|l| l.starts_with(field))?;
     line[field.len()..].split_whitespace().next()?.parse().ok()
