@@ -1,12 +1,14 @@
 //! One forward pass over several sequences at once: their tokens share every weight read
-//! (projections, routed experts, the head), and only the token mixers (attention, MLA,
-//! DeltaNet) run per sequence, each against its own state.
+//! (the mixers' projections, routed experts, the head), and only the part of a token mixer
+//! that reads a sequence's own state (attention over its cache, the delta rule over its
+//! recurrent state) runs per sequence.
 
 use super::forward::{download_f32, scratch, ExpertRunner, Logits, Trace};
+use super::mixer::Span;
 use super::weights::{FeedForward, Mixer};
 use super::{Model, ModelError};
 use crate::kv::SequenceState;
-use ft_backend::{BinaryOp, CopyDesc, MatmulDesc, RmsNormDesc, StreamId};
+use ft_backend::{BinaryOp, MatmulDesc, RmsNormDesc};
 
 /// One sequence's part of a batched step.
 pub struct BatchItem<'a> {
@@ -99,36 +101,20 @@ impl Model {
         let mut normed = scratch(be, t * h)?;
         let mut delta = scratch(be, t * h)?;
         let norm = RmsNormDesc { rows: t, dim: h, eps: cfg.rms_norm_eps, unit_offset: cfg.norm_unit_offset };
-        let single = items.len() == 1;
+        let all_positions: Vec<u32> = positions.concat();
         for (l, layer) in self.layers.iter().enumerate() {
             be.rms_norm(&x, &layer.input_norm, &mut normed, &norm)?;
-            for (n, item) in items.iter_mut().enumerate() {
-                let ti = item.tokens.len();
-                let rows = CopyDesc { src_offset: offsets[n] * h, dst_offset: 0, len: ti * h };
-                // Alone, the item's rows are the whole batch: no copies in or out.
-                let (input, mut out) = if single {
-                    (None, None)
-                } else {
-                    let mut xin = scratch(be, ti * h)?;
-                    be.copy(StreamId::COMPUTE, &normed, &mut xin, &rows)?;
-                    (Some(xin), Some(scratch(be, ti * h)?))
-                };
-                let xi = input.as_ref().unwrap_or(&normed);
-                let oi = match out.as_mut() {
-                    Some(o) => o,
-                    None => &mut delta,
-                };
-                let ls = &mut item.state.layers[l];
-                match &layer.mixer {
-                    Mixer::Attention(w) => self.attention(w, cfg.layer_kinds[l], ls, pasts[n], &positions[n], xi, oi)?,
-                    Mixer::Mla(w) => self.mla(w, ls, pasts[n], &positions[n], xi, oi)?,
-                    Mixer::DeltaNet(w) => self.delta_net(w, ls, ti, xi, oi)?,
-                    Mixer::DeepseekV4(_) => return Err(ModelError::Invalid("a DeepSeek-V4 layer in another family's model".into())),
-                }
-                if let Some(o) = out {
-                    let back = CopyDesc { src_offset: 0, dst_offset: offsets[n] * h, len: ti * h };
-                    be.copy(StreamId::COMPUTE, &o, &mut delta, &back)?;
-                }
+            let mut spans: Vec<Span<'_>> = items
+                .iter_mut()
+                .zip(&offsets)
+                .zip(&pasts)
+                .map(|((item, &offset), &past)| Span { len: item.tokens.len(), state: &mut item.state.layers[l], past, offset })
+                .collect();
+            match &layer.mixer {
+                Mixer::Attention(w) => self.attention(w, cfg.layer_kinds[l], &mut spans, &all_positions, &normed, &mut delta)?,
+                Mixer::Mla(w) => self.mla(w, &mut spans, &all_positions, &normed, &mut delta)?,
+                Mixer::DeltaNet(w) => self.delta_net(w, &mut spans, t, &normed, &mut delta)?,
+                Mixer::DeepseekV4(_) => return Err(ModelError::Invalid("a DeepSeek-V4 layer in another family's model".into())),
             }
             be.binary(BinaryOp::Add, &mut x, &delta, t * h)?;
             be.rms_norm(&x, &layer.post_attention_norm, &mut normed, &norm)?;

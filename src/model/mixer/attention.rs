@@ -1,7 +1,7 @@
 //! Softmax attention over a KV cache: GQA, optional biases, q/k norms, partial rotary,
 //! sliding windows with learned sinks (gpt-oss) and the per-head output gate of Qwen3-Next.
 
-use super::gather_units;
+use super::{gather_units, put_rows, take_rows, Span};
 use crate::kv::LayerState;
 use crate::model::config::LayerKind;
 use crate::model::forward::scratch;
@@ -27,14 +27,13 @@ impl Model {
         }
     }
 
-    /// Attention of the new tokens (normed input `x`, `[t, hidden]`) into `out`.
-    #[allow(clippy::too_many_arguments)]
+    /// Attention of the step's new tokens (normed input `x`, `[t, hidden]`, the sequences'
+    /// rows one after another as `spans` say, at `positions`) into `out`.
     pub(crate) fn attention(
         &self,
         w: &AttentionWeights,
         kind: LayerKind,
-        layer_state: &mut LayerState,
-        past: usize,
+        spans: &mut [Span<'_>],
         positions: &[u32],
         x: &DeviceBuffer,
         out: &mut DeviceBuffer,
@@ -70,25 +69,36 @@ impl Model {
         }
         be.rope(&mut q, &self.rope_desc(positions, nh, hd, 0, false))?;
         be.rope(&mut k, &self.rope_desc(positions, nkv, hd, 0, false))?;
-        let LayerState::Attention { k: kc, v: vc } = layer_state else {
-            return Err(ModelError::Invalid("attention layer given a non-attention state".into()));
-        };
-        let span = CopyDesc { src_offset: 0, dst_offset: past * nkv * hd, len: t * nkv * hd };
-        // Into the cache's dtype (a narrower KV cache rounds here).
-        be.store(&k, kc, &span)?;
-        be.store(&v, vc, &span)?;
         let mut attn = scratch(be, t * nh * hd)?;
-        let desc = AttentionDesc {
-            n_tokens: t,
-            n_heads: nh,
-            n_kv_heads: nkv,
-            head_dim: hd,
-            v_head_dim: hd,
-            kv_len: past + t,
-            scale: cfg.attention_scale,
-            window: if kind == LayerKind::SlidingAttention { cfg.sliding_window } else { None },
-        };
-        self.attend(&q, kc, vc, w.sinks.as_ref(), &mut attn, &desc)?;
+        let single = spans.len() == 1;
+        for sp in spans.iter_mut() {
+            let LayerState::Attention { k: kc, v: vc } = &mut *sp.state else {
+                return Err(ModelError::Invalid("attention layer given a non-attention state".into()));
+            };
+            let span = CopyDesc { src_offset: sp.offset * nkv * hd, dst_offset: sp.past * nkv * hd, len: sp.len * nkv * hd };
+            // Into the cache's dtype (a narrower KV cache rounds here).
+            be.store(&k, kc, &span)?;
+            be.store(&v, vc, &span)?;
+            let desc = AttentionDesc {
+                n_tokens: sp.len,
+                n_heads: nh,
+                n_kv_heads: nkv,
+                head_dim: hd,
+                v_head_dim: hd,
+                kv_len: sp.past + sp.len,
+                scale: cfg.attention_scale,
+                window: if kind == LayerKind::SlidingAttention { cfg.sliding_window } else { None },
+            };
+            // Alone, the sequence's rows are the whole batch: no copies in or out.
+            if single {
+                self.attend(&q, kc, vc, w.sinks.as_ref(), &mut attn, &desc)?;
+            } else {
+                let qi = take_rows(be, &q, sp.offset, sp.len, nh * hd)?;
+                let mut oi = scratch(be, sp.len * nh * hd)?;
+                self.attend(&qi, kc, vc, w.sinks.as_ref(), &mut oi, &desc)?;
+                put_rows(be, &oi, &mut attn, sp.offset, sp.len, nh * hd)?;
+            }
+        }
         if let Some(g) = gate {
             be.binary(BinaryOp::MulSigmoid, &mut attn, &g, t * nh * hd)?;
         }

@@ -4,7 +4,7 @@
 //! Prefill and decode run the same backend ops over however many tokens arrive, continuing
 //! from the layer's carried state, so a sequence fed in any split gives the same result.
 
-use super::{gather_units, gcd};
+use super::{gather_units, gcd, put_rows, take_rows, Span};
 use crate::kv::LayerState;
 use crate::model::forward::scratch;
 use crate::model::weights::{DeltaNetProjections, DeltaNetWeights};
@@ -15,11 +15,12 @@ use ft_backend::{BinaryOp, ConvDesc, DeltaRuleDesc, DeltaRuleInputs, DeviceBuffe
 type Projected = (DeviceBuffer, DeviceBuffer, DeviceBuffer, DeviceBuffer);
 
 impl Model {
-    /// The linear-attention mixer of the new tokens (normed input `x`, `[t, hidden]`).
+    /// The linear-attention mixer of the step's new tokens (normed input `x`, `[t, hidden]`,
+    /// the sequences' rows one after another as `spans` say).
     pub(crate) fn delta_net(
         &self,
         w: &DeltaNetWeights,
-        layer_state: &mut LayerState,
+        spans: &mut [Span<'_>],
         t: usize,
         x: &DeviceBuffer,
         out: &mut DeviceBuffer,
@@ -29,24 +30,48 @@ impl Model {
         let l = cfg.linear_attn.ok_or_else(|| ModelError::Invalid("linear-attention layer without its settings".into()))?;
         let (hk, hv, dk, dv) = (l.num_k_heads, l.num_v_heads, l.k_head_dim, l.v_head_dim);
         let (qkv, mut z, b, a) = self.delta_net_inputs(w, t, x)?;
-        let LayerState::Recurrent { conv, state } = layer_state else {
-            return Err(ModelError::Invalid("linear-attention layer given a non-recurrent state".into()));
-        };
-        let mut mixed = scratch(be, t * l.conv_dim())?;
-        let conv_desc = ConvDesc { n_tokens: t, channels: l.conv_dim(), kernel: l.conv_kernel, silu: true };
-        be.causal_conv1d(&qkv, &w.conv, conv, &mut mixed, &conv_desc)?;
         let mut core = scratch(be, t * hv * dv)?;
-        let inputs = DeltaRuleInputs { qkv: &mixed, beta_logits: &b, decay_in: &a, a_log: &w.a_log, dt_bias: &w.dt_bias };
-        let desc = DeltaRuleDesc {
-            n_tokens: t,
-            n_k_heads: hk,
-            n_v_heads: hv,
-            k_head_dim: dk,
-            v_head_dim: dv,
-            l2norm_eps: 1e-6,
-            scale: 1.0 / (dk as f32).sqrt(),
-        };
-        be.gated_delta_rule(&inputs, state, &mut core, &desc)?;
+        let single = spans.len() == 1;
+        for sp in spans.iter_mut() {
+            let LayerState::Recurrent { conv, state } = &mut *sp.state else {
+                return Err(ModelError::Invalid("linear-attention layer given a non-recurrent state".into()));
+            };
+            let n = sp.len;
+            // Alone, the sequence's rows are the whole batch: no copies in or out.
+            let parts = if single {
+                None
+            } else {
+                Some((
+                    take_rows(be, &qkv, sp.offset, n, l.conv_dim())?,
+                    take_rows(be, &b, sp.offset, n, hv)?,
+                    take_rows(be, &a, sp.offset, n, hv)?,
+                ))
+            };
+            let (qkv_i, b_i, a_i) = match &parts {
+                Some((q, b, a)) => (q, b, a),
+                None => (&qkv, &b, &a),
+            };
+            let mut mixed = scratch(be, n * l.conv_dim())?;
+            let conv_desc = ConvDesc { n_tokens: n, channels: l.conv_dim(), kernel: l.conv_kernel, silu: true };
+            be.causal_conv1d(qkv_i, &w.conv, conv, &mut mixed, &conv_desc)?;
+            let inputs = DeltaRuleInputs { qkv: &mixed, beta_logits: b_i, decay_in: a_i, a_log: &w.a_log, dt_bias: &w.dt_bias };
+            let desc = DeltaRuleDesc {
+                n_tokens: n,
+                n_k_heads: hk,
+                n_v_heads: hv,
+                k_head_dim: dk,
+                v_head_dim: dv,
+                l2norm_eps: 1e-6,
+                scale: 1.0 / (dk as f32).sqrt(),
+            };
+            if single {
+                be.gated_delta_rule(&inputs, state, &mut core, &desc)?;
+            } else {
+                let mut ci = scratch(be, n * hv * dv)?;
+                be.gated_delta_rule(&inputs, state, &mut ci, &desc)?;
+                put_rows(be, &ci, &mut core, sp.offset, n, hv * dv)?;
+            }
+        }
         // Gated RMSNorm per value head: norm(core) · w · silu(z); its weight is plain `w`.
         let mut normed = scratch(be, t * hv * dv)?;
         let norm = RmsNormDesc { rows: t * hv, dim: dv, eps: cfg.rms_norm_eps, unit_offset: false };

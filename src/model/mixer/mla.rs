@@ -10,7 +10,7 @@
 //! context at every step.
 
 use crate::model::reads;
-use super::{gather_units, gcd};
+use super::{gather_units, gcd, put_rows, take_rows, Span};
 use crate::kv::LayerState;
 use crate::model::forward::scratch;
 use crate::model::weights::MlaWeights;
@@ -18,12 +18,12 @@ use crate::model::{Model, ModelError};
 use ft_backend::{AttentionDesc, CopyDesc, DeviceBuffer, MatmulDesc, RmsNormDesc, StreamId};
 
 impl Model {
-    /// Latent attention of the new tokens (normed input `x`, `[t, hidden]`) into `out`.
+    /// Latent attention of the step's new tokens (normed input `x`, `[t, hidden]`, the
+    /// sequences' rows one after another as `spans` say, at `positions`) into `out`.
     pub(crate) fn mla(
         &self,
         w: &MlaWeights,
-        layer_state: &mut LayerState,
-        past: usize,
+        spans: &mut [Span<'_>],
         positions: &[u32],
         x: &DeviceBuffer,
         out: &mut DeviceBuffer,
@@ -61,11 +61,7 @@ impl Model {
         let mut cn = scratch(be, t * lora)?;
         be.rms_norm(&c, &w.kv_a_norm, &mut cn, &norm(t, lora))?;
         be.rope(&mut k_pe, &self.rope_desc(positions, 1, rope, 0, m.rope_interleave))?;
-        let LayerState::Latent { kv } = layer_state else {
-            return Err(ModelError::Invalid("MLA layer given a non-latent state".into()));
-        };
         let rows = concat_rows(be, &[(&cn, lora), (&k_pe, rope)], t)?;
-        be.store(&rows, kv, &CopyDesc { src_offset: 0, dst_offset: past * width, len: t * width })?;
 
         // Absorbed queries: head by head, q_lat[h] = q_nope[h] · W_ukᵀ[h]ᵀ, laid out [nh, t, lora].
         let u = gcd(nope, rope);
@@ -94,17 +90,32 @@ impl Model {
         let q_full = gather_units(be, &both, ids, u)?;
 
         let mut attn = scratch(be, t * nh * width)?;
-        let desc = AttentionDesc {
-            n_tokens: t,
-            n_heads: nh,
-            n_kv_heads: 1,
-            head_dim: width,
-            v_head_dim: width,
-            kv_len: past + t,
-            scale: cfg.attention_scale,
-            window: None,
-        };
-        self.attend(&q_full, kv, kv, None, &mut attn, &desc)?;
+        let single = spans.len() == 1;
+        for sp in spans.iter_mut() {
+            let LayerState::Latent { kv } = &mut *sp.state else {
+                return Err(ModelError::Invalid("MLA layer given a non-latent state".into()));
+            };
+            be.store(&rows, kv, &CopyDesc { src_offset: sp.offset * width, dst_offset: sp.past * width, len: sp.len * width })?;
+            let desc = AttentionDesc {
+                n_tokens: sp.len,
+                n_heads: nh,
+                n_kv_heads: 1,
+                head_dim: width,
+                v_head_dim: width,
+                kv_len: sp.past + sp.len,
+                scale: cfg.attention_scale,
+                window: None,
+            };
+            // Alone, the sequence's rows are the whole batch: no copies in or out.
+            if single {
+                self.attend(&q_full, kv, kv, None, &mut attn, &desc)?;
+            } else {
+                let qi = take_rows(be, &q_full, sp.offset, sp.len, nh * width)?;
+                let mut oi = scratch(be, sp.len * nh * width)?;
+                self.attend(&qi, kv, kv, None, &mut oi, &desc)?;
+                put_rows(be, &oi, &mut attn, sp.offset, sp.len, nh * width)?;
+            }
+        }
 
         // Values: each head's latent output through its W_uv, then back to [t, nh, vd].
         let u = gcd(lora, rope);

@@ -1,6 +1,11 @@
 //! The token mixers of a decoder layer: softmax attention (full, sliding, gated),
 //! multi-head latent attention and Gated DeltaNet. Each runs on the backend against its
 //! layer's slot of the [`crate::kv::SequenceState`].
+//!
+//! A mixer takes every sequence of a batched step at once: its projections run over all the
+//! step's tokens (one weight read however many sequences there are), and only the part that
+//! reads a sequence's own state (cache writes and attention, the convolution and delta rule)
+//! runs per sequence, on that sequence's rows.
 
 mod attention;
 mod delta_net;
@@ -8,7 +13,34 @@ mod mla;
 
 use super::forward::scratch;
 use super::ModelError;
-use ft_backend::{Backend, DeviceBuffer};
+use crate::kv::LayerState;
+use ft_backend::{Backend, CopyDesc, DeviceBuffer, StreamId};
+
+/// One sequence's part of a batched mixer call: rows `offset..offset + len` of the step's
+/// tokens, continuing after the `past` tokens its layer state already holds.
+pub(crate) struct Span<'a> {
+    /// The sequence's state for this layer.
+    pub state: &'a mut LayerState,
+    /// Tokens already in that state.
+    pub past: usize,
+    /// Its first row in the batch.
+    pub offset: usize,
+    /// Its rows in the batch.
+    pub len: usize,
+}
+
+/// Rows `offset..offset + len` of a `[rows, width]` buffer, as a buffer of their own.
+pub(crate) fn take_rows(be: &dyn Backend, src: &DeviceBuffer, offset: usize, len: usize, width: usize) -> Result<DeviceBuffer, ModelError> {
+    let mut out = scratch(be, len * width)?;
+    be.copy(StreamId::COMPUTE, src, &mut out, &CopyDesc { src_offset: offset * width, dst_offset: 0, len: len * width })?;
+    Ok(out)
+}
+
+/// Writes `src` (`[len, width]`) into rows `offset..` of `dst`.
+pub(crate) fn put_rows(be: &dyn Backend, src: &DeviceBuffer, dst: &mut DeviceBuffer, offset: usize, len: usize, width: usize) -> Result<(), ModelError> {
+    be.copy(StreamId::COMPUTE, src, dst, &CopyDesc { src_offset: 0, dst_offset: offset * width, len: len * width })?;
+    Ok(())
+}
 
 /// Greatest common divisor (`gcd(0, b) = b`).
 pub(crate) fn gcd(a: usize, b: usize) -> usize {
