@@ -103,30 +103,76 @@ pub async fn decode_together(
     })
 }
 
-/// A long prompt arriving while `streams` streams decode: its time to first token, and the
-/// longest gap between consecutive tokens any running stream saw while it was prefilled.
+/// A long prompt arriving while `streams` streams decode, `runs` times (each a cold prompt
+/// beside fresh streams): its time to first token, and the longest gap between consecutive
+/// tokens any running stream saw while it was prefilled.
 #[derive(Clone, Debug, Default)]
 pub struct ArrivalReport {
     /// The arriving prompt's length.
     pub prompt_len: usize,
-    /// Its time to first token, seconds.
-    pub ttft_s: f64,
-    /// The longest pause of a running stream meanwhile, seconds.
+    /// Streams decoding when it arrives.
+    pub streams: usize,
+    /// Arrivals measured.
+    pub runs: usize,
+    /// Median time to first token over the runs, seconds.
+    pub ttft_p50_s: f64,
+    /// 99th percentile (nearest rank: the longest of fewer than 100 runs), seconds.
+    pub ttft_p99_s: f64,
+    /// The longest pause of a running stream meanwhile, over all runs, seconds.
     pub longest_pause_s: f64,
     /// The running streams' median gap between tokens before it arrived, seconds.
     pub typical_gap_s: f64,
     /// The longest batched step while it was prefilled (one prompt chunk beside the decodes),
-    /// seconds, from the engine's step timer: the pause a stream cannot avoid.
+    /// over all runs, seconds, from the engine's step timer: the pause a stream cannot avoid.
     pub longest_step_s: f64,
 }
 
-/// See [`ArrivalReport`].
-pub async fn long_prompt_arrival(
+/// The nearest-rank `p`-th percentile of `values` (any order; 0 when empty).
+pub fn percentile(values: &[f64], p: f64) -> f64 {
+    let mut v = values.to_vec();
+    v.sort_by(f64::total_cmp);
+    if v.is_empty() {
+        return 0.0;
+    }
+    let rank = ((p / 100.0) * v.len() as f64).ceil().max(1.0) as usize;
+    v[rank.min(v.len()) - 1]
+}
+
+/// One arrival's figures.
+struct Arrival {
+    ttft_s: f64,
+    longest_pause_s: f64,
+    typical_gap_s: f64,
+    longest_step_s: f64,
+}
+
+/// See [`ArrivalReport`]; run `r` uses prompts salted with `salt + r` so none is reused.
+pub async fn long_prompt_arrivals(
     engine: &EngineHandle,
     streams: usize,
     prompt_len: usize,
+    runs: usize,
     salt: u32,
 ) -> Result<ArrivalReport, EngineError> {
+    let mut all = vec![];
+    for r in 0..runs.max(1) {
+        all.push(long_prompt_arrival(engine, streams, prompt_len, salt + 977 * r as u32).await?);
+    }
+    let ttft: Vec<f64> = all.iter().map(|a| a.ttft_s).collect();
+    let gaps: Vec<f64> = all.iter().map(|a| a.typical_gap_s).collect();
+    Ok(ArrivalReport {
+        prompt_len,
+        streams,
+        runs: all.len(),
+        ttft_p50_s: percentile(&ttft, 50.0),
+        ttft_p99_s: percentile(&ttft, 99.0),
+        longest_pause_s: all.iter().map(|a| a.longest_pause_s).fold(0.0, f64::max),
+        typical_gap_s: Spread::of(&gaps).median,
+        longest_step_s: all.iter().map(|a| a.longest_step_s).fold(0.0, f64::max),
+    })
+}
+
+async fn long_prompt_arrival(engine: &EngineHandle, streams: usize, prompt_len: usize, salt: u32) -> Result<Arrival, EngineError> {
     let vocab = engine.info().config.vocab_size.max(2) as u32;
     let base = bench_prompt(64, vocab as usize);
     let log: Log = Arc::new(Mutex::new(vec![vec![]; streams]));
@@ -163,6 +209,11 @@ pub async fn long_prompt_arrival(
     for h in &handles {
         h.abort();
     }
+    // The next run starts beside its own streams only: wait (a while) for these to leave.
+    let gone = Instant::now();
+    while engine.stats().await?.sequences > 0 && gone.elapsed().as_secs() < 60 {
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
     let log = log.lock().unwrap_or_else(|p| p.into_inner());
     let mut before = vec![];
     let mut longest = 0f64;
@@ -176,11 +227,26 @@ pub async fn long_prompt_arrival(
             }
         }
     }
-    Ok(ArrivalReport {
-        prompt_len,
+    Ok(Arrival {
         ttft_s: (first - arrived).as_secs_f64(),
         longest_pause_s: longest,
         typical_gap_s: Spread::of(&before).median,
         longest_step_s,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::percentile;
+
+    #[test]
+    fn percentiles_by_nearest_rank() {
+        assert_eq!(percentile(&[], 50.0), 0.0);
+        assert_eq!(percentile(&[3.0], 99.0), 3.0);
+        assert_eq!(percentile(&[4.0, 1.0, 3.0, 2.0], 50.0), 2.0);
+        assert_eq!(percentile(&[4.0, 1.0, 3.0, 2.0], 99.0), 4.0);
+        let hundred: Vec<f64> = (1..=100).map(f64::from).collect();
+        assert_eq!(percentile(&hundred, 99.0), 99.0);
+        assert_eq!(percentile(&hundred, 50.0), 50.0);
+    }
 }

@@ -1,7 +1,7 @@
 //! `ft-actor bench`: one engine per `--moe-mode` in `--modes`, same model and cache cap.
 
 use super::{runtime, start_engine, ModelArgs};
-use crate::bench::concurrency::{decode_together, long_prompt_arrival, ArrivalReport, ConcurrencyReport};
+use crate::bench::concurrency::{decode_together, long_prompt_arrivals, ArrivalReport, ConcurrencyReport};
 use crate::bench::constrained::{constrained_overhead, ConstrainedReport};
 use crate::bench::{memory_bandwidth, run as run_bench, BenchOptions};
 use crate::policy::MoeMode;
@@ -37,10 +37,13 @@ pub struct BenchArgs {
     /// Also measure aggregate decode with this many streams decoding together (e.g. 1,4,8).
     #[arg(long, value_delimiter = ',')]
     concurrency: Vec<usize>,
-    /// With --concurrency: a prompt of this many tokens arrives while the largest level's
-    /// streams decode; its time to first token and the longest pause it causes are reported.
+    /// With --concurrency: a prompt of this many tokens arrives while streams decode (--repeat
+    /// times); its time to first token (p50, p99) and the longest pause it causes are reported.
     #[arg(long, default_value_t = 0)]
     arrival_prompt: usize,
+    /// Streams decoding when the --arrival-prompt arrives (default: the largest --concurrency).
+    #[arg(long)]
+    arrival_streams: Option<usize>,
     /// Also measure decode with a JSON grammar's mask on every token against decode without.
     #[arg(long)]
     constrained: bool,
@@ -90,8 +93,9 @@ pub fn run(a: BenchArgs) -> Result<()> {
         let mut config = a.model.engine_config();
         config.moe_mode = mode;
         if let Some(&most) = a.concurrency.iter().max() {
-            // The arriving prompt runs beside the largest level's streams, not after them.
-            config.max_active = config.max_active.max(most + usize::from(a.arrival_prompt > 0));
+            // The arriving prompt runs beside its streams, not after them.
+            let beside = a.arrival_streams.unwrap_or(most) + 1;
+            config.max_active = config.max_active.max(most).max(if a.arrival_prompt > 0 { beside } else { 0 });
         }
         let r = rt.block_on(async {
             let engine = start_engine(config).await?;
@@ -107,9 +111,10 @@ pub fn run(a: BenchArgs) -> Result<()> {
                     let salt = 1_000 + 100 * k as u32;
                     together.push(decode_together(&engine, n.max(1), opts.prompt_len, opts.gen_tokens, opts.repeats, salt).await?);
                 }
-                if let (Some(&n), true) = (a.concurrency.iter().max(), a.arrival_prompt > 0) {
-                    eprintln!("[{mode}] a {}-token prompt arriving while {n} streams decode", a.arrival_prompt);
-                    arrival = Some(long_prompt_arrival(&engine, n.max(1), a.arrival_prompt, 5_000).await?);
+                if let (Some(&most), true) = (a.concurrency.iter().max(), a.arrival_prompt > 0) {
+                    let n = a.arrival_streams.unwrap_or(most).max(1);
+                    eprintln!("[{mode}] a {}-token prompt arriving while {n} streams decode ({} runs)", a.arrival_prompt, opts.repeats);
+                    arrival = Some(long_prompt_arrivals(&engine, n, a.arrival_prompt, opts.repeats, 5_000).await?);
                 }
                 if a.constrained {
                     eprintln!("[{mode}] decode with and without a grammar ({} pairs of runs)", opts.repeats);
@@ -236,15 +241,17 @@ fn print_concurrency(rows: &[(MoeMode, Vec<ConcurrencyReport>, Option<ArrivalRep
             if json {
                 println!(
                     "{}",
-                    serde_json::json!({"mode": mode.to_string(), "arrival_prompt": a.prompt_len, "ttft_s": a.ttft_s,
-                        "longest_pause_s": a.longest_pause_s, "typical_gap_s": a.typical_gap_s, "longest_step_s": a.longest_step_s})
+                    serde_json::json!({"mode": mode.to_string(), "arrival_prompt": a.prompt_len, "streams": a.streams, "runs": a.runs,
+                        "ttft_p50_s": a.ttft_p50_s, "ttft_p99_s": a.ttft_p99_s, "longest_pause_s": a.longest_pause_s,
+                        "typical_gap_s": a.typical_gap_s, "longest_step_s": a.longest_step_s})
                 );
             } else {
                 println!(
-                    "[{mode}] a {}-token prompt arriving while they decode: time to first token {:.2} s; longest pause a running \
-                     stream saw meanwhile {:.3} s (their usual gap between tokens before it: {:.3} s) from token timestamps; \
-                     longest single step meanwhile (one prompt chunk beside the decodes) {:.3} s from the engine's step timer",
-                    a.prompt_len, a.ttft_s, a.longest_pause_s, a.typical_gap_s, a.longest_step_s
+                    "[{mode}] a {}-token prompt arriving while {} streams decode ({} runs, each cold): time to first token p50 {:.2} s, \
+                     p99 {:.2} s (nearest rank); longest pause a running stream saw meanwhile {:.3} s (their usual gap between tokens \
+                     before it: {:.3} s) from token timestamps; longest single step meanwhile (one prompt chunk beside the decodes) \
+                     {:.3} s from the engine's step timer",
+                    a.prompt_len, a.streams, a.runs, a.ttft_p50_s, a.ttft_p99_s, a.longest_pause_s, a.typical_gap_s, a.longest_step_s
                 );
             }
         }

@@ -321,13 +321,14 @@ fn bench_reports_counted_bytes_and_spread() {
 
 /// `bench --concurrency` measures streams decoding together in batched steps: several
 /// sequences share each step (mean batch above 1 at 3 streams), the aggregate rate and bytes
-/// per step are counted, and `--arrival-prompt` times a long prompt arriving meanwhile.
+/// per step are counted, and `--arrival-prompt` times a long prompt arriving beside
+/// `--arrival-streams` decoding ones.
 #[test]
 fn bench_measures_streams_decoding_together() {
     let dir = fixture("qwen3_moe").join("checkpoint");
     let o = ft(&[
         "bench", "--model", dir.to_str().unwrap(), "--backend", "cpu", "--json", "--repeat", "1", "--prompt-len", "8", "--gen-tokens", "12",
-        "--bandwidth-mib", "16", "--bandwidth-passes", "1", "--concurrency", "1,3", "--arrival-prompt", "40",
+        "--bandwidth-mib", "16", "--bandwidth-passes", "1", "--concurrency", "1,3", "--arrival-prompt", "40", "--arrival-streams", "2",
     ]);
     assert!(o.status.success(), "{}", stderr(&o));
     let lines: Vec<serde_json::Value> = stdout(&o).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
@@ -338,7 +339,10 @@ fn bench_measures_streams_decoding_together() {
     assert!(three["bytes_per_step"].as_f64().unwrap() > 0.0 && three["speedup_vs_1"].as_f64().is_some());
     let arrival = lines.iter().find(|v| v.get("arrival_prompt").is_some()).expect("arrival line");
     assert_eq!(arrival["arrival_prompt"], 40);
-    assert!(arrival["ttft_s"].as_f64().unwrap() > 0.0 && arrival["longest_pause_s"].as_f64().unwrap() > 0.0, "{arrival}");
+    assert_eq!(arrival["streams"], 2);
+    assert_eq!(arrival["runs"], 1);
+    let (p50, p99) = (arrival["ttft_p50_s"].as_f64().unwrap(), arrival["ttft_p99_s"].as_f64().unwrap());
+    assert!(p50 > 0.0 && p50 <= p99 && arrival["longest_pause_s"].as_f64().unwrap() > 0.0, "{arrival}");
     // The engine's step timer: a stream's longest pause is at least the longest step.
     let step = arrival["longest_step_s"].as_f64().unwrap();
     assert!(step > 0.0 && step <= arrival["longest_pause_s"].as_f64().unwrap() + 1e-3, "{arrival}");
