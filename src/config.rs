@@ -70,6 +70,7 @@ struct EngineKeys {
     step_tokens: usize,
     #[serde(deserialize_with = "lenient::string")]
     kv_budget: String,
+    kv_page_rows: usize,
     #[serde(deserialize_with = "lenient::string")]
     kv_dtype: String,
     max_queue: usize,
@@ -119,6 +120,7 @@ impl From<&EngineConfig> for EngineKeys {
             max_active: c.max_active,
             step_tokens: c.step_tokens,
             kv_budget: c.kv_budget.map_or("auto".into(), |b| b.to_string()),
+            kv_page_rows: c.kv_page_rows,
             kv_dtype: c.kv_dtype.name().into(),
             max_queue: c.max_queue,
             b_p: c.b_p.map(|v| v.to_string()),
@@ -143,6 +145,9 @@ impl EngineKeys {
         if self.step_tokens == 0 {
             return Err(bad("step_tokens", "must be at least 1".into()));
         }
+        if self.kv_page_rows == 0 {
+            return Err(bad("kv_page_rows", "must be at least 1".into()));
+        }
         if self.cpu_threads == Some(0) {
             return Err(bad("cpu_threads", "must be at least 1 (leave it unset for all cores)".into()));
         }
@@ -164,6 +169,7 @@ impl EngineKeys {
             ctx_size: self.ctx_size,
             max_active: self.max_active,
             step_tokens: self.step_tokens,
+            kv_page_rows: self.kv_page_rows,
             kv_budget: match self.kv_budget.trim() {
                 "auto" => None,
                 b => match parse_bytes(b).map_err(|e| bad("kv_budget", e.to_string()))? {

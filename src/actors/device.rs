@@ -14,7 +14,7 @@ use crate::policy::{CacheError, MoeMode};
 use ft_backend::BackendError;
 use crate::engine::{EngineError, EngineStats, LayerStats, PrefillMode};
 use crate::kv::reuse::PrefixStore;
-use crate::kv::SequenceState;
+use crate::kv::{PagePool, SequenceState, SharedPool};
 use crate::model::batch::BatchItem;
 use crate::model::{Logits, Model};
 use crate::policy::{plan_prefill, PrefillInputs, PrefillPath, Residency, ResolvedMode};
@@ -143,6 +143,8 @@ pub struct DeviceArgs {
     pub kv_pool: u64,
     /// What the per-token caches hold.
     pub kv_dtype: ft_backend::DType,
+    /// Rows per page of the KV pool.
+    pub kv_page_rows: usize,
     /// The worker pool a step runs inside when the backend computes on it (the CPU backend):
     /// then the glue between products runs on a worker too, and the pool's threads hand work
     /// to each other instead of waking this thread and being woken by it once per product.
@@ -151,6 +153,24 @@ pub struct DeviceArgs {
 
 /// The device stream actor.
 pub struct DeviceStream;
+
+/// Pages left beyond the plan's share, for the page a copy on write takes before it gives
+/// the shared one back.
+const SPARE_PAGES: usize = 64;
+
+/// The KV pool: room for the sequences' share (`kv_pool`) and the prefix store's device
+/// share, taken as it is used.
+fn kv_pages(args: &DeviceArgs) -> Result<Option<SharedPool>, ModelError> {
+    let model = &args.model;
+    if !PagePool::needed(model) {
+        return Ok(None);
+    }
+    let rows = args.kv_page_rows.max(1);
+    let page_bytes = (SequenceState::bytes_per_token_as(model, args.kv_dtype) * rows).max(1) as u64;
+    let share = args.kv_pool.saturating_add(args.reuse.device_budget());
+    let max = (share / page_bytes) as usize + SPARE_PAGES;
+    Ok(Some(PagePool::new(model, args.kv_dtype, rows, max.min(u32::MAX as usize))?.shared()))
+}
 
 fn unknown_seq() -> ModelError {
     ModelError::Invalid("unknown sequence".into())
@@ -200,6 +220,9 @@ impl Seq {
 
 struct Worker {
     args: DeviceArgs,
+    /// The pages every sequence's and saved prefix's attention rows live in (`None`: the
+    /// model keeps no paged cache).
+    pages: Option<SharedPool>,
     seqs: HashMap<u64, Seq>,
     run: RunStats,
     dev: EngineStats,
@@ -333,6 +356,11 @@ impl Worker {
         d.kv_pool_bytes = self.args.kv_pool;
         d.kv_used_bytes = self.seqs.values().filter(|s| !s.waiting).map(|s| s.state.held_bytes()).sum();
         d.kv_waiting = self.seqs.values().filter(|s| s.waiting).count() as u64;
+        if let Some(pool) = &self.pages {
+            let p = crate::kv::pages::lock(pool);
+            (d.kv_pages_used, d.kv_pages_allocated) = (p.used_pages() as u64, p.allocated_pages() as u64);
+            (d.kv_pages_max, d.kv_page_rows) = (p.max_pages() as u64, p.page_rows() as u64);
+        }
         d
     }
 
@@ -387,7 +415,8 @@ impl Actor for DeviceStream {
     async fn pre_start(&self, _me: ActorRef<DeviceMsg>, args: DeviceArgs) -> Result<DeviceState, ActorProcessingErr> {
         let moe_layers = (0..args.model.config().num_layers).filter(|l| args.model.config().moe_layers[*l]).collect();
         let (_, mode_why) = args.moe.resolve_explained(args.bandwidths.0, args.bandwidths.1, args.links.pool.len());
-        let worker = Worker { args, seqs: HashMap::new(), run: RunStats::default(), dev: EngineStats::default(), moe_layers, mode_why };
+        let pages = kv_pages(&args)?;
+        let worker = Worker { args, pages, seqs: HashMap::new(), run: RunStats::default(), dev: EngineStats::default(), moe_layers, mode_why };
         let (tx, rx) = mpsc::channel();
         std::thread::Builder::new().name("ft-device-stream".into()).spawn(move || worker.run(rx))?;
         Ok(DeviceState { jobs: tx })

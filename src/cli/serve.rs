@@ -66,6 +66,10 @@ pub struct ConfigArgs {
     #[arg(long, value_name = "BYTES")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub kv_budget: Option<String>,
+    /// Rows per page of the KV pool.
+    #[arg(long, value_name = "N")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kv_page_rows: Option<usize>,
     /// What the KV caches hold: f16 (default), bf16 or f32.
     #[arg(long, value_name = "DTYPE")]
     #[serde(skip_serializing_if = "Option::is_none")]

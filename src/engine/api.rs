@@ -38,6 +38,9 @@ pub struct EngineConfig {
     /// share of the device memory left after the weights; see `policy::kv_pool`). When the
     /// next step would overflow it, the youngest sequence is preempted and resumed later.
     pub kv_budget: Option<u64>,
+    /// Rows per page of the KV pool (see `kv::pages`): less is wasted at each sequence's end
+    /// with small pages, and the attention reads fewer, longer runs with large ones.
+    pub kv_page_rows: usize,
     /// What the KV and latent caches hold: f16 (half the memory of f32, 11 significant bits,
     /// saturating at ±65504; the default), bf16 (the same memory, f32's range, 8 bits) or f32
     /// (exact). A backend that cannot store the narrow type keeps f32.
@@ -74,6 +77,7 @@ impl Default for EngineConfig {
             max_active: 4,
             step_tokens: 512,
             kv_budget: None,
+            kv_page_rows: crate::kv::PAGE_ROWS,
             kv_dtype: ft_backend::DType::F16,
             max_queue: 64,
             b_p: None,
@@ -346,6 +350,14 @@ pub struct EngineStats {
     pub kv_used_bytes: u64,
     /// Sequences waiting for room in the KV pool after the last step (new or preempted).
     pub kv_waiting: u64,
+    /// Pages of the KV pool held (by sequences and saved prefixes; a shared page once).
+    pub kv_pages_used: u64,
+    /// Pages the KV pool's buffers have room for now (they grow as pages are taken).
+    pub kv_pages_allocated: u64,
+    /// Most pages the KV pool may grow to.
+    pub kv_pages_max: u64,
+    /// Rows per page.
+    pub kv_page_rows: u64,
     /// Seconds of decode step wall time.
     pub decode_s: f64,
     /// Weight bytes the decode steps read, from [`crate::model::reads`] (process-wide: exact

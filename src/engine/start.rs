@@ -213,6 +213,7 @@ pub(super) async fn spawn(
         step_tokens: config.step_tokens.max(1),
         kv_pool: memory.kv_bytes,
         kv_dtype,
+        kv_page_rows: config.kv_page_rows.max(1),
         host_pool: (backend.kind() == ft_backend::BackendKind::Cpu).then(|| cpu_pool.clone()),
     };
     let (device, _) = Actor::spawn(None, DeviceStream, device_args).await.map_err(start_err)?;

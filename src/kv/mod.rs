@@ -2,11 +2,18 @@
 //! layers and the convolution + recurrent state of linear-attention layers, up to one
 //! sequence's context; plus snapshots of it, which anchors keep to resume a conversation.
 //!
-//! Per-token caches are allocated as tokens arrive (doubling, from [`INITIAL_ROWS`]), not for
-//! the whole context up front: a request that may run to 40k tokens but stops at 300 holds
-//! 512 rows, so many sequences fit where their worst cases would not.
+//! Attention and latent rows live in the pages of a [`PagePool`]: a sequence holds a page
+//! table, takes pages as tokens arrive and gives them back when it ends, and a saved prefix
+//! shares its pages with the sequences restored from it (copy on write). What is not paged —
+//! recurrent state, DeepSeek-V4's compressed state — stays with its sequence; V4's per-token
+//! buffers grow by doubling from [`INITIAL_ROWS`].
 
+pub mod pages;
 pub mod reuse;
+mod snapshot;
+
+pub use pages::{PagePool, SharedPool, PAGE_ROWS};
+pub use snapshot::StateSnapshot;
 
 use crate::model::config::{LayerKind, V4Attention};
 use crate::model::{Model, ModelError};
@@ -15,19 +22,10 @@ use std::sync::Arc;
 
 /// The cached state of one layer for one sequence.
 pub enum LayerState {
-    /// Keys and values, `[capacity, kv_heads, head_dim]` each.
-    Attention {
-        /// Keys.
-        k: DeviceBuffer,
-        /// Values.
-        v: DeviceBuffer,
-    },
-    /// Multi-head latent attention: per token the normalised latent followed by the rotated
-    /// shared key part, `[capacity, kv_lora_rank + qk_rope_head_dim]`. Never per-head keys.
-    Latent {
-        /// The latent rows.
-        kv: DeviceBuffer,
-    },
+    /// Attention keys and values, or MLA latent rows (per token the normalised latent then
+    /// the rotated shared key part): in the sequence's pages of the pool's buffers for this
+    /// layer.
+    Paged,
     /// Gated DeltaNet: fixed-size state that summarises every token so far.
     Recurrent {
         /// The last `kernel - 1` inputs of the short convolution, `[kernel - 1, conv_dim]`.
@@ -51,8 +49,33 @@ pub enum LayerState {
     },
 }
 
-/// Rows a new state's per-token caches start with.
+/// Rows DeepSeek-V4's per-token buffers start with.
 pub const INITIAL_ROWS: usize = 256;
+
+/// A sequence's pages: its table into a pool shared with other sequences and saved prefixes.
+pub struct SeqPages {
+    pool: SharedPool,
+    table: Vec<u32>,
+}
+
+impl SeqPages {
+    /// The pool.
+    pub fn pool(&self) -> &SharedPool {
+        &self.pool
+    }
+
+    /// The pool page of each of the sequence's pages, in order.
+    pub fn table(&self) -> &[u32] {
+        &self.table
+    }
+
+    fn release_all(&mut self) {
+        let mut pool = pages::lock(&self.pool);
+        for p in self.table.drain(..) {
+            pool.release(p);
+        }
+    }
+}
 
 /// Everything a sequence carries between forward passes.
 pub struct SequenceState {
@@ -61,83 +84,25 @@ pub struct SequenceState {
     len: usize,
     /// Most tokens it may hold.
     capacity: usize,
-    /// Tokens its per-token buffers have room for now (grows up to `capacity`).
+    /// Tokens its unpaged per-token buffers have room for now (grows up to `capacity`).
     allocated: usize,
+    pages: Option<SeqPages>,
     backend: Arc<dyn Backend>,
 }
 
-/// A copy of a [`SequenceState`] after some number of tokens, in device or host memory.
-///
-/// Attention and latent caches are copied only up to the snapshot's length; recurrent
-/// state is copied whole. Restoring it into any state of the same model with enough
-/// capacity continues exactly as the original sequence would have.
-pub struct StateSnapshot {
-    len: usize,
-    /// One entry per state buffer, in [`SequenceState::buffers`] order.
-    parts: Vec<Part>,
-}
-
-/// Where one buffer of a snapshot lives.
-enum Part {
-    Device(DeviceBuffer),
-    /// The buffer's bytes and dtype; anchors move here when device memory for them runs out.
-    Host(Vec<u8>, DType),
-}
-
-impl Part {
-    fn dtype(&self) -> DType {
-        match self {
-            Part::Device(b) => b.dtype(),
-            Part::Host(_, dtype) => *dtype,
-        }
-    }
-
-    fn elements(&self) -> usize {
-        match self {
-            Part::Device(b) => b.len(),
-            Part::Host(v, dtype) => v.len() / dtype.size(),
+impl Drop for SequenceState {
+    fn drop(&mut self) {
+        if let Some(p) = &mut self.pages {
+            p.release_all();
         }
     }
 }
 
-impl StateSnapshot {
-    /// Tokens the snapshot covers.
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    /// Whether the snapshot was taken before any token.
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    /// Bytes the snapshot holds (device and host together).
-    pub fn size_bytes(&self) -> usize {
-        self.parts
-            .iter()
-            .map(|p| match p {
-                Part::Device(b) => b.size_bytes(),
-                Part::Host(v, _) => v.len(),
-            })
-            .sum()
-    }
-
-    /// Whether any part is in device memory.
-    pub fn on_device(&self) -> bool {
-        self.parts.iter().any(|p| matches!(p, Part::Device(_)))
-    }
-
-    /// Moves every part into host memory (frees the device copies).
-    pub fn move_to_host(&mut self, be: &dyn Backend) -> Result<(), ModelError> {
-        for part in &mut self.parts {
-            if let Part::Device(buf) = part {
-                let mut bytes = vec![0u8; buf.size_bytes()];
-                be.download(StreamId::COMPUTE, buf, 0, &mut bytes)?;
-                *part = Part::Host(bytes, buf.dtype());
-            }
-        }
-        Ok(())
-    }
+/// How one unpaged state buffer grows: `per_token` elements per token, or a fixed size.
+#[derive(Clone, Copy)]
+enum Extent {
+    PerToken(usize),
+    Fixed,
 }
 
 fn copy_prefix(be: &dyn Backend, src: &DeviceBuffer, dst: &mut DeviceBuffer, len: usize) -> Result<(), ModelError> {
@@ -145,54 +110,54 @@ fn copy_prefix(be: &dyn Backend, src: &DeviceBuffer, dst: &mut DeviceBuffer, len
     Ok(())
 }
 
-/// How one state buffer grows: `per_token` elements per token, or a fixed size.
-#[derive(Clone, Copy)]
-enum Extent {
-    PerToken(usize),
-    Fixed,
-}
-
 impl SequenceState {
-    /// State for up to `capacity` tokens on the model's backend; per-token caches start at
-    /// [`INITIAL_ROWS`] rows and grow as tokens arrive.
+    /// State for up to `capacity` tokens on the model's backend, f32 caches in a pool of its
+    /// own that grows as tokens arrive.
     pub fn new(model: &Model, capacity: usize) -> Result<SequenceState, ModelError> {
         Self::with_rows(model, capacity, INITIAL_ROWS, DType::F32)
     }
 
-    /// State for up to `capacity` tokens whose per-token caches hold `dtype` (f32, bf16 or
-    /// f16; recurrent state is always f32) and start at `rows` rows (at least 1): a sequence
-    /// waiting for room in the KV pool holds one.
+    /// State for up to `capacity` tokens whose caches hold `dtype` (f32, bf16 or f16;
+    /// recurrent state is always f32), in a pool of its own (pages of [`PAGE_ROWS`]);
+    /// unpaged per-token buffers start at `rows` rows (at least 1).
     pub fn with_rows(model: &Model, capacity: usize, rows: usize, dtype: DType) -> Result<SequenceState, ModelError> {
+        let pool = if PagePool::needed(model) { Some(PagePool::new(model, dtype, PAGE_ROWS, u32::MAX as usize)?.shared()) } else { None };
+        Self::build(model, capacity, rows, pool)
+    }
+
+    /// State for up to `capacity` tokens whose caches take pages of `pool` (shared with
+    /// other sequences of the same model); holds no page until tokens arrive.
+    pub fn in_pool(model: &Model, capacity: usize, pool: &SharedPool) -> Result<SequenceState, ModelError> {
+        Self::build(model, capacity, INITIAL_ROWS, PagePool::needed(model).then(|| pool.clone()))
+    }
+
+    fn build(model: &Model, capacity: usize, rows: usize, pool: Option<SharedPool>) -> Result<SequenceState, ModelError> {
         let rows = rows.min(capacity).max(1);
         let cfg = model.config();
         let be = model.backend();
         let alloc = |len: usize| be.alloc(DType::F32, len, BufferUsage::Kv);
-        let alloc_kv = |len: usize| be.alloc(dtype, len, BufferUsage::Kv);
+        let pages = pool.map(|pool| SeqPages { pool, table: vec![] });
         if let Some(v4) = &cfg.v4 {
             let layers = v4_layers(cfg, v4, rows, &alloc)?;
-            return Ok(SequenceState { layers, len: 0, capacity, allocated: rows, backend: model.backend_arc() });
+            return Ok(SequenceState { layers, len: 0, capacity, allocated: rows, pages: None, backend: model.backend_arc() });
         }
         let layers = (0..cfg.num_layers)
             .map(|i| {
-                Ok(match (cfg.layer_kinds[i], &cfg.mla, &cfg.linear_attn) {
-                    (LayerKind::LinearAttention, _, Some(l)) => LayerState::Recurrent {
+                Ok(match (cfg.layer_kinds[i], &cfg.linear_attn) {
+                    (LayerKind::LinearAttention, Some(l)) => LayerState::Recurrent {
                         conv: alloc((l.conv_kernel - 1) * l.conv_dim())?,
                         state: alloc(l.state_len())?,
                     },
-                    (LayerKind::LinearAttention, _, None) => {
+                    (LayerKind::LinearAttention, None) => {
                         return Err(ModelError::Invalid("linear-attention layer without its settings".into()))
                     }
-                    (_, Some(m), _) => LayerState::Latent { kv: alloc_kv(rows * m.cache_width())? },
                     // Sliding-window layers get the full context too (the attention op masks by
-                    // position); a ring buffer of `window` rows would save memory there.
-                    _ => {
-                        let per_token = cfg.num_kv_heads * cfg.head_dim;
-                        LayerState::Attention { k: alloc_kv(rows * per_token)?, v: alloc_kv(rows * per_token)? }
-                    }
+                    // position); freeing pages that slid out of the window would save memory.
+                    _ => LayerState::Paged,
                 })
             })
             .collect::<Result<_, ModelError>>()?;
-        Ok(SequenceState { layers, len: 0, capacity, allocated: rows, backend: model.backend_arc() })
+        Ok(SequenceState { layers, len: 0, capacity, allocated: rows, pages, backend: model.backend_arc() })
     }
 
     /// Tokens processed so far.
@@ -210,23 +175,91 @@ impl SequenceState {
         self.capacity
     }
 
-    /// Tokens its per-token buffers have room for before they grow again.
+    /// Tokens it has room for before it takes more memory: its pages' rows (or its unpaged
+    /// buffers' rows, whichever is fewer).
     pub fn allocated(&self) -> usize {
-        self.allocated
+        let unpaged = self.has_unpaged_rows().then_some(self.allocated);
+        let paged = self.pages.as_ref().map(|p| p.table.len() * pages::lock(&p.pool).page_rows());
+        match (unpaged, paged) {
+            (Some(a), Some(b)) => a.min(b),
+            (a, b) => a.or(b).unwrap_or(self.capacity),
+        }
     }
 
-    /// Bytes its per-token caches hold now (what it takes from the KV pool).
+    /// The sequence's pages, when the model keeps any cache in pages.
+    pub fn pages(&self) -> Option<&SeqPages> {
+        self.pages.as_ref()
+    }
+
+    /// Layer `l`'s state and the sequence's pages, borrowed together.
+    pub(crate) fn layer_and_pages(&mut self, l: usize) -> (&mut LayerState, Option<&SeqPages>) {
+        (&mut self.layers[l], self.pages.as_ref())
+    }
+
+    /// Bytes its per-token caches hold now (what it takes from the KV pool): its pages, shared
+    /// or not, and its unpaged per-token buffers.
     pub fn held_bytes(&self) -> u64 {
-        self.buffers().iter().map(|(b, e)| if matches!(e, Extent::PerToken(_)) { b.size_bytes() as u64 } else { 0 }).sum()
+        let paged = self.pages.as_ref().map_or(0, |p| p.table.len() as u64 * pages::lock(&p.pool).page_bytes());
+        let unpaged: u64 = self.buffers().iter().map(|(b, e)| if matches!(e, Extent::PerToken(_)) { b.size_bytes() as u64 } else { 0 }).sum();
+        paged + unpaged
     }
 
-    /// Makes room for `tokens` tokens: per-token buffers grow to at least twice their rows
-    /// (at most `capacity`), keeping what they hold. On failure the state is as it was.
+    /// Bytes it will hold once it has room for `tokens` tokens (at most its capacity).
+    pub fn bytes_after(&self, tokens: usize) -> u64 {
+        self.bytes_growing_from(self.allocated, self.pages.as_ref().map_or(0, |p| p.table.len()), tokens)
+    }
+
+    /// Bytes a fresh state of the same model would hold with room for `tokens` tokens.
+    pub fn fresh_bytes_for(&self, tokens: usize) -> u64 {
+        self.bytes_growing_from(INITIAL_ROWS.min(self.capacity), 0, tokens)
+    }
+
+    fn bytes_growing_from(&self, rows: usize, pages_held: usize, tokens: usize) -> u64 {
+        let tokens = tokens.min(self.capacity);
+        let paged = self.pages.as_ref().map_or(0, |p| {
+            let pool = pages::lock(&p.pool);
+            tokens.div_ceil(pool.page_rows()).max(pages_held) as u64 * pool.page_bytes()
+        });
+        let per_row: usize =
+            self.buffers().iter().map(|(b, e)| if let Extent::PerToken(n) = e { n * b.dtype().size() } else { 0 }).sum();
+        let unpaged = if per_row > 0 { crate::policy::rows_after(rows, tokens, self.capacity) * per_row } else { 0 };
+        paged + unpaged as u64
+    }
+
+    fn has_unpaged_rows(&self) -> bool {
+        self.layers.iter().any(|l| matches!(l, LayerState::Compressed { .. }))
+    }
+
+    /// Makes room for `tokens` tokens: pages up to the one holding the last of them (a shared
+    /// page about to be written is copied first), and unpaged per-token buffers grown to at
+    /// least twice their rows (at most `capacity`), keeping what they hold.
     pub fn reserve(&mut self, tokens: usize) -> Result<(), ModelError> {
         if tokens > self.capacity {
             return Err(ModelError::ContextOverflow { needed: tokens, capacity: self.capacity });
         }
-        if tokens <= self.allocated {
+        self.grow_rows(tokens)?;
+        let len = self.len;
+        if let Some(p) = &mut self.pages {
+            let mut pool = pages::lock(&p.pool);
+            let rows = pool.page_rows();
+            let need = tokens.div_ceil(rows);
+            // Copy on write: the pages rows `len..tokens` land in.
+            for i in len / rows..p.table.len().min(need) {
+                if pool.holders(p.table[i]) > 1 {
+                    p.table[i] = pool.unshare(p.table[i])?;
+                }
+            }
+            while p.table.len() < need {
+                let page = pool.take()?;
+                p.table.push(page);
+            }
+        }
+        Ok(())
+    }
+
+    /// Grows the unpaged per-token buffers for `tokens` tokens. On failure they are as they were.
+    fn grow_rows(&mut self, tokens: usize) -> Result<(), ModelError> {
+        if tokens <= self.allocated || !self.has_unpaged_rows() {
             return Ok(());
         }
         let rows = crate::policy::rows_after(self.allocated, tokens, self.capacity);
@@ -246,20 +279,10 @@ impl SequenceState {
         let mut grown = grown.into_iter();
         let mut next = || grown.next().ok_or_else(|| ModelError::Invalid("kv growth lost a buffer".into()));
         for l in &mut self.layers {
-            match l {
-                LayerState::Attention { k, v } => {
-                    *k = next()?;
-                    *v = next()?;
-                }
-                LayerState::Latent { kv } => {
-                    *kv = next()?;
-                }
-                LayerState::Recurrent { .. } => {}
-                LayerState::Compressed { kv, entries, index_keys, .. } => {
-                    *kv = next()?;
-                    for b in [entries, index_keys].into_iter().flatten() {
-                        *b = next()?;
-                    }
+            if let LayerState::Compressed { kv, entries, index_keys, .. } = l {
+                *kv = next()?;
+                for b in [entries, index_keys].into_iter().flatten() {
+                    *b = next()?;
                 }
             }
         }
@@ -292,17 +315,13 @@ impl SequenceState {
         self.len += n;
     }
 
-    /// Every state buffer with how it grows, in a fixed order (layer by layer).
+    /// Every unpaged state buffer with how it grows, in a fixed order (layer by layer).
     fn buffers(&self) -> Vec<(&DeviceBuffer, Extent)> {
         let capacity = self.allocated.max(1);
         let mut out = Vec::new();
         for l in &self.layers {
             match l {
-                LayerState::Attention { k, v } => {
-                    out.push((k, Extent::PerToken(k.len() / capacity)));
-                    out.push((v, Extent::PerToken(v.len() / capacity)));
-                }
-                LayerState::Latent { kv } => out.push((kv, Extent::PerToken(kv.len() / capacity))),
+                LayerState::Paged => {}
                 LayerState::Recurrent { conv, state } => {
                     out.push((conv, Extent::Fixed));
                     out.push((state, Extent::Fixed));
@@ -324,11 +343,7 @@ impl SequenceState {
         let mut out = Vec::new();
         for l in &mut self.layers {
             match l {
-                LayerState::Attention { k, v } => {
-                    out.push(k);
-                    out.push(v);
-                }
-                LayerState::Latent { kv } => out.push(kv),
+                LayerState::Paged => {}
                 LayerState::Recurrent { conv, state } => {
                     out.push(conv);
                     out.push(state);
@@ -344,7 +359,7 @@ impl SequenceState {
         out
     }
 
-    /// Elements of each buffer a snapshot at `len` tokens holds.
+    /// Elements of each unpaged buffer a snapshot at `len` tokens holds.
     fn snapshot_extents(&self, len: usize) -> Vec<usize> {
         self.buffers()
             .iter()
@@ -355,88 +370,15 @@ impl SequenceState {
             .collect()
     }
 
-    /// Bytes a snapshot of this state at its current length would take.
+    /// Bytes a snapshot of this state at its current length would take: its unpaged parts,
+    /// and the pages that hold its rows.
     pub fn snapshot_bytes(&self) -> usize {
-        self.buffers().iter().zip(self.snapshot_extents(self.len)).map(|((b, _), n)| n * b.dtype().size()).sum()
-    }
-
-    /// Copies the state as it is now into device memory.
-    pub fn snapshot(&self) -> Result<StateSnapshot, ModelError> {
-        self.take_snapshot(false)
-    }
-
-    /// Copies the state as it is now straight into host memory.
-    pub fn snapshot_to_host(&self) -> Result<StateSnapshot, ModelError> {
-        self.take_snapshot(true)
-    }
-
-    fn take_snapshot(&self, to_host: bool) -> Result<StateSnapshot, ModelError> {
-        let be = self.backend.as_ref();
-        let parts = self
-            .buffers()
-            .into_iter()
-            .zip(self.snapshot_extents(self.len))
-            .map(|((buf, _), n)| {
-                if to_host {
-                    let mut bytes = vec![0u8; n * buf.dtype().size()];
-                    if n > 0 {
-                        be.download(StreamId::COMPUTE, buf, 0, &mut bytes)?;
-                    }
-                    Ok(Part::Host(bytes, buf.dtype()))
-                } else {
-                    let mut copy = be.alloc(buf.dtype(), n, BufferUsage::Kv)?;
-                    copy_prefix(be, buf, &mut copy, n)?;
-                    Ok(Part::Device(copy))
-                }
-            })
-            .collect::<Result<_, ModelError>>()?;
-        Ok(StateSnapshot { len: self.len, parts })
-    }
-
-    /// Makes this state what it was when `snapshot` was taken (of a state of the same model).
-    pub fn restore(&mut self, snapshot: &StateSnapshot) -> Result<(), ModelError> {
-        self.restore_prefix(snapshot, snapshot.len)
-    }
-
-    /// Like [`restore`](Self::restore), then keeps only the first `len` tokens: attention
-    /// state taken after a longer sequence serves any of its prefixes. A snapshot with
-    /// recurrent state can only be restored whole.
-    pub fn restore_prefix(&mut self, snapshot: &StateSnapshot, len: usize) -> Result<(), ModelError> {
-        if len > snapshot.len {
-            return Err(ModelError::Invalid(format!("cannot restore {len} tokens from a snapshot of {}", snapshot.len)));
-        }
-        if len < snapshot.len && self.has_recurrent_layers() {
-            return Err(ModelError::Invalid(format!(
-                "a snapshot of {} tokens with recurrent state cannot be cut to {len}",
-                snapshot.len
-            )));
-        }
-        if len > self.capacity {
-            return Err(ModelError::ContextOverflow { needed: len, capacity: self.capacity });
-        }
-        // Check every buffer before copying any, so a mismatch leaves this state untouched.
-        let want = self.snapshot_extents(snapshot.len);
-        if want.len() != snapshot.parts.len() || want.iter().zip(&snapshot.parts).any(|(n, p)| *n != p.elements()) {
-            return Err(ModelError::Invalid("snapshot layers do not match this model's state".into()));
-        }
-        if self.buffers().iter().zip(&snapshot.parts).any(|((b, _), p)| b.dtype() != p.dtype()) {
-            return Err(ModelError::Invalid("the snapshot's cache type differs from this state's".into()));
-        }
-        // Per-token buffers only need the kept prefix; fixed-size ones are copied whole.
-        self.reserve(len)?;
-        let keep = self.snapshot_extents(len);
-        let be = self.backend.clone();
-        for ((dst, part), n) in self.buffers_mut().into_iter().zip(&snapshot.parts).zip(keep) {
-            if n == 0 {
-                continue;
-            }
-            match part {
-                Part::Device(src) => copy_prefix(be.as_ref(), src, dst, n)?,
-                Part::Host(bytes, dtype) => be.upload(StreamId::COMPUTE, &bytes[..n * dtype.size()], dst, 0)?,
-            }
-        }
-        self.len = len;
-        Ok(())
+        let unpaged: usize = self.buffers().iter().zip(self.snapshot_extents(self.len)).map(|((b, _), n)| n * b.dtype().size()).sum();
+        let paged = self.pages.as_ref().map_or(0, |p| {
+            let pool = pages::lock(&p.pool);
+            self.len.div_ceil(pool.page_rows()) * pool.page_bytes() as usize
+        });
+        unpaged + paged
     }
 
     /// Bytes of f32 cache that grow with each token of context, for `model`.

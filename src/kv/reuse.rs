@@ -77,6 +77,11 @@ impl PrefixStore {
         Self { index: AnchorIndex::new(settings.budget), settings, boundaries, recurrent, backend, stats }
     }
 
+    /// Bytes of saved state that may stay in device memory.
+    pub fn device_budget(&self) -> u64 {
+        self.settings.device_budget
+    }
+
     /// Whether reuse is on.
     pub fn enabled(&self) -> bool {
         self.settings.budget > 0
@@ -221,6 +226,8 @@ impl PrefixStore {
             }
         }
         let snapshot = if self.make_device_room(bytes)? { state.snapshot()? } else { state.snapshot_to_host()? };
+        // On the device a snapshot holds whole pages; in host memory only its rows.
+        let bytes = snapshot.size_bytes() as u64;
         if snapshot.on_device() {
             self.stats.device_bytes += bytes;
         }

@@ -108,7 +108,11 @@ impl Model {
                 .iter_mut()
                 .zip(&offsets)
                 .zip(&pasts)
-                .map(|((item, &offset), &past)| Span { len: item.tokens.len(), state: &mut item.state.layers[l], past, offset })
+                .map(|((item, &offset), &past)| {
+                    let len = item.tokens.len();
+                    let (state, pages) = item.state.layer_and_pages(l);
+                    Span { layer: l, state, pages, past, offset, len }
+                })
                 .collect();
             match &layer.mixer {
                 Mixer::Attention(w) => self.attention(w, cfg.layer_kinds[l], &mut spans, &all_positions, &normed, &mut delta)?,

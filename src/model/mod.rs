@@ -211,6 +211,31 @@ impl Model {
         fallback::attention(be, cpu.as_ref(), q, k_cache, v_cache, sinks, out, desc)
     }
 
+    /// Attention over a paged cache on the device; where the device's kernels do not take
+    /// these head sizes, over the pages gathered into contiguous rows on the CPU's.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn attend_paged(
+        &self,
+        q: &DeviceBuffer,
+        k_pool: &DeviceBuffer,
+        v_pool: &DeviceBuffer,
+        pages: &ft_backend::KvPages<'_>,
+        sinks: Option<&DeviceBuffer>,
+        out: &mut DeviceBuffer,
+        desc: &ft_backend::AttentionDesc,
+    ) -> Result<(), ModelError> {
+        let be = self.backend();
+        if be.supports_attention(desc, k_pool.dtype()) {
+            return Ok(be.attention_paged(q, k_pool, v_pool, pages, sinks, out, desc)?);
+        }
+        let k = ft_backend::gather_pages(be, k_pool, pages, desc.kv_len, desc.n_kv_heads * desc.head_dim)?;
+        if std::ptr::eq(k_pool, v_pool) && desc.v_head_dim == desc.head_dim {
+            return self.attend(q, &k, &k, sinks, out, desc);
+        }
+        let v = ft_backend::gather_pages(be, v_pool, pages, desc.kv_len, desc.n_kv_heads * desc.v_head_dim)?;
+        self.attend(q, &k, &v, sinks, out, desc)
+    }
+
     /// The CPU backend that runs what the device has no kernel for.
     pub(crate) fn host_cpu(&self) -> Result<Arc<dyn Backend>, ModelError> {
         self.host_cpu.get()

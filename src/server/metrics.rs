@@ -102,6 +102,9 @@ impl Metrics {
         metric("ft_engine_preemptions_total", "counter", "Running sequences preempted (state saved, then rebuilt) because the KV pool was full.", plain(s.preemptions as f64));
         metric("ft_kv_pool_bytes", "gauge", "Bytes of the KV pool the sequences' caches share.", plain(s.kv_pool_bytes as f64));
         metric("ft_kv_used_bytes", "gauge", "Bytes of the KV pool held after the last step.", plain(s.kv_used_bytes as f64));
+        metric("ft_kv_pages_used", "gauge", "KV pool pages held by sequences and saved prefixes (a shared page counts once).", plain(s.kv_pages_used as f64));
+        metric("ft_kv_pages_free", "gauge", "KV pool pages free: up to the most the pool may grow to.", plain(s.kv_pages_max.saturating_sub(s.kv_pages_used) as f64));
+        metric("ft_kv_pages_allocated", "gauge", "KV pool pages its buffers have room for now.", plain(s.kv_pages_allocated as f64));
         metric("ft_kv_waiting_sequences", "gauge", "Sequences waiting for room in the KV pool.", plain(s.kv_waiting as f64));
         metric("ft_expert_cache_slots", "gauge", "Expert cache capacity in slots.", plain(s.cache_slots as f64));
         metric("ft_expert_cache_used_slots", "gauge", "Expert cache slots in use.", plain(s.cache_used as f64));

@@ -138,7 +138,8 @@ fn stats_json(model: &str, info: &EngineInfo, s: &EngineStats) -> Value {
             "decode_weight_bytes": s.decode_weight_bytes,
             "decode_weight_bytes_per_s": ratio(s.decode_weight_bytes as f64, s.decode_s),
         },
-        "kv": {"pool_bytes": s.kv_pool_bytes, "used_bytes": s.kv_used_bytes, "waiting": s.kv_waiting},
+        "kv": {"pool_bytes": s.kv_pool_bytes, "used_bytes": s.kv_used_bytes, "waiting": s.kv_waiting,
+            "pages_used": s.kv_pages_used, "pages_allocated": s.kv_pages_allocated, "pages_max": s.kv_pages_max, "page_rows": s.kv_page_rows},
         "prefix_cache": {
             "enabled": r.index.budget > 0,
             "budget_bytes": r.index.budget, "bytes": r.index.bytes, "device_bytes": r.device_bytes,

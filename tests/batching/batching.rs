@@ -1,7 +1,8 @@
 //! Batched steps: every running sequence advances in one forward pass per step (decodes and
 //! prompt chunks together). Each sequence's greedy tokens must be the same in a batch of 8
 //! mixed decodes and prefills as alone, on every fixture architecture, in every MoE mode and
-//! at cache sizes 0, half and all, with prefix reuse on and off; its step logits within 1e-3
+//! at cache sizes 0, half and all, with prefix reuse on and off and KV pages of 4, 5 and 64
+//! rows; its step logits within 1e-3
 //! of the same sequence alone (the matmul kernels sum in a different order for different
 //! token counts, nothing more), and the reference prompts' tokens equal transformers'.
 
@@ -51,9 +52,10 @@ async fn run(engine: &EngineHandle, prompt: Vec<u32>) -> (Vec<u32>, Vec<Vec<f32>
     (ids, logits)
 }
 
-fn config(name: &str, slots: u64, mode: MoeMode, reuse: bool, dot: QuantDot) -> EngineConfig {
+fn config(name: &str, slots: u64, mode: MoeMode, reuse: bool, pages: usize, dot: QuantDot) -> EngineConfig {
     let mut c = pipeline_config(fixture(name).join("checkpoint"), slots, mode);
     c.quant_dot = dot;
+    c.kv_page_rows = pages;
     c.max_active = 8;
     // Small enough that every long prompt takes several steps beside the decodes.
     c.step_tokens = 12;
@@ -63,17 +65,17 @@ fn config(name: &str, slots: u64, mode: MoeMode, reuse: bool, dot: QuantDot) -> 
     c
 }
 
-async fn check(name: &str, slots: u64, mode: MoeMode, reuse: bool, dot: QuantDot) {
-    let what = format!("{name} slots={slots} mode={mode} reuse={reuse} {dot}");
+async fn check(name: &str, slots: u64, mode: MoeMode, reuse: bool, pages: usize, dot: QuantDot) {
+    let what = format!("{name} slots={slots} mode={mode} reuse={reuse} pages of {pages} rows {dot}");
     let ps = eight_prompts(name);
     // Alone: a fresh engine per prompt, so prefix reuse between the prompts cannot differ.
     let mut alone = vec![];
     for p in &ps {
-        let engine = Engine::spawn(config(name, slots, mode, reuse, dot), None).await.unwrap();
+        let engine = Engine::spawn(config(name, slots, mode, reuse, pages, dot), None).await.unwrap();
         alone.push(run(&engine, p.clone()).await);
         engine.shutdown().await;
     }
-    let engine = Engine::spawn(config(name, slots, mode, reuse, dot), None).await.unwrap();
+    let engine = Engine::spawn(config(name, slots, mode, reuse, pages, dot), None).await.unwrap();
     // Four start together; four more arrive once those decode, so steps mix prompt chunks
     // with decodes.
     let mut first: Vec<_> = ps[..4].iter().map(|p| tokio::spawn({
@@ -117,8 +119,10 @@ fn batched_steps_give_every_sequence_its_tokens_alone() {
             let cfg = ft_actor::model::ModelConfig::from_dir(&fixture(name).join("checkpoint")).unwrap();
             let all = (cfg.num_experts * cfg.num_moe_layers()) as u64;
             for (slots, mode) in [(0, MoeMode::Cpu), (all / 2, MoeMode::Hybrid), (all, MoeMode::Offload)] {
-                for reuse in [true, false] {
-                    check(name, slots, mode, reuse, QuantDot::Exact).await;
+                // Small pages: every sequence spans several, saved prefixes share them with
+                // the sequences restored from them and a shared page is copied on write.
+                for (reuse, pages) in [(true, 4), (true, ft_actor::kv::PAGE_ROWS), (false, 5)] {
+                    check(name, slots, mode, reuse, pages, QuantDot::Exact).await;
                 }
             }
         }
@@ -127,7 +131,7 @@ fn batched_steps_give_every_sequence_its_tokens_alone() {
         // there too. (In this test, not a second one: two at once on 2 cores starve the
         // arrivals the max_batch check waits for.)
         for reuse in [true, false] {
-            check("qwen3_moe_bf16", 0, MoeMode::Cpu, reuse, QuantDot::Int8).await;
+            check("qwen3_moe_bf16", 0, MoeMode::Cpu, reuse, 4, QuantDot::Int8).await;
         }
     });
 }

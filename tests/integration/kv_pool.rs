@@ -84,6 +84,12 @@ fn check(name: &str, reuse: bool) {
         assert!(stats.preemptions > 0, "{name}: the pool never filled ({stats:?})");
         assert_eq!(stats.kv_pool_bytes, pool);
         assert_eq!(stats.kv_waiting, 0);
+        // Pages: taken as tokens came, all given back when the requests ended (with reuse on,
+        // the saved prefixes keep theirs).
+        assert!(stats.kv_pages_max > 0 && stats.kv_page_rows == ft_actor::kv::PAGE_ROWS as u64, "{stats:?}");
+        if !reuse {
+            assert_eq!(stats.kv_pages_used, 0, "{name}: pages outlive their sequences");
+        }
         eprintln!("{name} reuse={reuse}: {} preemptions, {} steps, max batch {}", stats.preemptions, stats.steps, stats.max_batch);
     });
 }

@@ -61,7 +61,8 @@ fn check_snapshot_resume(name: &str) {
     let mut a2 = SequenceState::new(&model, ids.len() + steps).unwrap();
     model.forward(&mut a2, head, Logits::None).unwrap();
     let direct = a2.snapshot_to_host().unwrap();
-    assert_eq!(direct.size_bytes(), snap.size_bytes());
+    // In host memory only the rows are kept; on the device, the whole pages holding them.
+    assert!(direct.size_bytes() > 0 && direct.size_bytes() <= snap.size_bytes(), "{name}");
     assert_eq!(a2.snapshot_bytes(), snap.size_bytes());
     e.restore(&direct).unwrap();
     assert_eq!(continue_greedy(&model, &mut e, tail, steps), want, "{name}: direct host snapshot");
@@ -156,27 +157,29 @@ fn a_snapshot_only_restores_into_a_matching_state() {
     assert_eq!(other.len(), 0);
 }
 
-/// Per-token caches start small and grow as tokens arrive: a sequence that runs past
-/// `INITIAL_ROWS` (in one prefill, and one token at a time) gives the logits of the same
-/// tokens fed to a state whose caches never had to grow, within 1e-5; a snapshot of the grown
-/// state restores into a fresh one; growth stops at the capacity.
+/// Per-token caches take pages as tokens arrive: a sequence that runs past several pages (in
+/// one prefill, and one token at a time) gives the logits of the same tokens fed to a state
+/// whose pages were all taken up front, within 1e-4; it holds exactly the pages its tokens
+/// fill; a snapshot of it restores into a fresh one.
 #[test]
 fn caches_grow_as_tokens_arrive_and_change_nothing() {
-    use ft_actor::kv::INITIAL_ROWS;
+    use ft_actor::kv::PAGE_ROWS;
     for name in ["qwen3_moe", "deepseek_v3", "gpt_oss", "qwen3_next"] {
         let model = load(name);
         let vocab = model.config().vocab_size as u32;
-        let ids: Vec<u32> = (0..INITIAL_ROWS as u32 + 40).map(|i| (i * 7 + 3) % vocab).collect();
+        let ids: Vec<u32> = (0..4 * PAGE_ROWS as u32 + 40).map(|i| (i * 7 + 3) % vocab).collect();
         let cap = ids.len() + 8;
-        // Grown: 200 tokens, then one at a time past INITIAL_ROWS.
+        let pages = |s: &SequenceState| s.pages().expect("paged").table().len();
+        // Grown: 200 tokens, then one at a time past the pool's first buffers.
         let mut grown = SequenceState::new(&model, cap).unwrap();
-        assert_eq!(grown.allocated(), INITIAL_ROWS);
+        assert_eq!(pages(&grown), 0, "{name}: a fresh state holds no page");
         model.forward(&mut grown, &ids[..200], Logits::None).unwrap();
+        assert_eq!(pages(&grown), 200usize.div_ceil(PAGE_ROWS));
         let mut step_logits = vec![];
         for &t in &ids[200..] {
             step_logits.push(model.forward(&mut grown, &[t], Logits::Last).unwrap());
         }
-        assert_eq!(grown.allocated(), cap, "{name}: doubling stops at the capacity");
+        assert_eq!(pages(&grown), ids.len().div_ceil(PAGE_ROWS), "{name}: pages for the tokens, no more");
         // Never grown: all rows reserved before the first token.
         let mut whole = SequenceState::new(&model, cap).unwrap();
         whole.reserve(cap).unwrap();
@@ -234,5 +237,58 @@ fn a_narrow_cache_snapshot_keeps_its_type() {
             let e = c.restore(s).expect_err("an f32 state refuses an f16 snapshot");
             assert!(e.to_string().contains("cache type"), "{e}");
         }
+    }
+}
+
+/// Pages are shared, not copied: in one pool, a snapshot takes no page of its own, a state
+/// restored from it takes none either and writes its next token into a copy of the shared
+/// last page only, both continue exactly as the uninterrupted sequence, and every page is
+/// free again once the states and the snapshot are gone. Moved to host memory the snapshot
+/// gives its pages back and still restores. Pages of 4 rows, so a sequence spans several.
+#[test]
+fn snapshots_share_pages_and_copy_on_write() {
+    use ft_actor::kv::{pages::lock, PagePool};
+    use ft_backend::DType;
+    for name in ["qwen3_moe", "deepseek_v3", "gpt_oss", "qwen3_next"] {
+        let model = load(name);
+        let ids = &prompts(&reference_json(name))[1];
+        let cap = ids.len() + 8;
+        let pool = PagePool::new(&model, DType::F32, 4, 1024).unwrap().shared();
+        let used = || lock(&pool).used_pages();
+        let mut a = SequenceState::in_pool(&model, cap, &pool).unwrap();
+        // An odd length: the last page is partly filled.
+        let cut = if ids.len() % 4 == 0 { ids.len() - 1 } else { ids.len() };
+        model.forward(&mut a, &ids[..cut], Logits::None).unwrap();
+        let held = cut.div_ceil(4);
+        assert_eq!(used(), held, "{name}");
+        let snap = a.snapshot().unwrap();
+        assert_eq!(used(), held, "{name}: a snapshot shares the sequence's pages");
+        let mut b = SequenceState::in_pool(&model, cap, &pool).unwrap();
+        b.restore(&snap).unwrap();
+        assert_eq!(used(), held, "{name}: a restore shares the snapshot's pages");
+        let la = model.forward(&mut a, &[5], Logits::Last).unwrap();
+        assert_eq!(used(), held + 1, "{name}: the writer copies the shared last page, nothing more");
+        let lb = model.forward(&mut b, &[5], Logits::Last).unwrap();
+        assert_eq!(used(), held + 2, "{name}");
+        assert!(max_abs_diff(&la, &lb) == 0.0, "{name}: shared pages changed the numbers");
+        // Both continue alike, and match a state that never shared.
+        let mut c = SequenceState::new(&model, cap).unwrap();
+        model.forward(&mut c, &ids[..cut], Logits::None).unwrap();
+        let lc = model.forward(&mut c, &[5], Logits::Last).unwrap();
+        assert!(max_abs_diff(&la, &lc) <= 1e-5, "{name}: paged in a shared pool differs from alone");
+        let (na, nb) = (model.forward(&mut a, &[9], Logits::Last).unwrap(), model.forward(&mut b, &[9], Logits::Last).unwrap());
+        assert!(max_abs_diff(&na, &nb) == 0.0, "{name}: the copies diverged");
+        // Host memory: the pages go back, the rows come along.
+        let mut snap = snap;
+        let before = used();
+        snap.move_to_host(model.backend()).unwrap();
+        assert!(!snap.on_device());
+        assert!(used() < before, "{name}: a snapshot in host memory holds no page");
+        let mut d = SequenceState::in_pool(&model, cap, &pool).unwrap();
+        d.restore(&snap).unwrap();
+        let ld = model.forward(&mut d, &[5], Logits::Last).unwrap();
+        assert!(max_abs_diff(&la, &ld) == 0.0, "{name}: restored from host memory differs");
+        drop((a, b, d, snap));
+        assert_eq!(used(), 0, "{name}: pages leak");
     }
 }

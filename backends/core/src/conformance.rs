@@ -37,6 +37,7 @@
 
 mod cases;
 mod memory;
+mod paged;
 mod recurrent;
 
 pub use cases::{
@@ -44,6 +45,7 @@ pub use cases::{
     softmax, top_k,
 };
 pub use memory::{copy_upload_download, errors, import_host, memory, store, streams_events};
+pub use paged::attention_paged;
 pub use recurrent::{causal_conv1d, gated_delta_rule};
 
 use crate::dtype::{from_f32_slice, to_f32_vec};
@@ -133,6 +135,8 @@ macro_rules! conformance_suite {
         $crate::__conformance_test!(attention_f32, $make, attention, $crate::DType::F32);
         $crate::__conformance_test!(attention_bf16, $make, attention, $crate::DType::BF16);
         $crate::__conformance_test!(attention_f16, $make, attention, $crate::DType::F16);
+        $crate::__conformance_test!(attention_paged_f32, $make, attention_paged, $crate::DType::F32);
+        $crate::__conformance_test!(attention_paged_f16, $make, attention_paged, $crate::DType::F16);
         $crate::__conformance_test!(gather_rows_f32, $make, gather_rows, $crate::DType::F32);
         $crate::__conformance_test!(gather_rows_bf16, $make, gather_rows, $crate::DType::BF16);
         $crate::__conformance_test!(gather_rows_f16, $make, gather_rows, $crate::DType::F16);

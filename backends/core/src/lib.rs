@@ -151,6 +151,29 @@ pub trait Backend: Send + Sync {
         out: &mut DeviceBuffer,
         desc: &AttentionDesc,
     ) -> Result<()>;
+    /// [`Backend::attention`] over a paged cache: `k_pool` and `v_pool` (the same buffer for
+    /// a latent cache) hold the rows of many sequences in pages and `pages` says which are
+    /// this sequence's, `[pool rows, n_kv_heads, head_dim]`. The default gathers the
+    /// sequence's rows into contiguous buffers with [`Backend::copy`] ([`gather_pages`]) and
+    /// runs [`Backend::attention`]; a backend that reads pages in place overrides it.
+    #[allow(clippy::too_many_arguments)]
+    fn attention_paged(
+        &self,
+        q: &DeviceBuffer,
+        k_pool: &DeviceBuffer,
+        v_pool: &DeviceBuffer,
+        pages: &KvPages<'_>,
+        sinks: Option<&DeviceBuffer>,
+        out: &mut DeviceBuffer,
+        desc: &AttentionDesc,
+    ) -> Result<()> {
+        let k = gather_pages(self, k_pool, pages, desc.kv_len, desc.n_kv_heads * desc.head_dim)?;
+        if std::ptr::eq(k_pool, v_pool) && desc.v_head_dim == desc.head_dim {
+            return self.attention(q, &k, &k, sinks, out, desc);
+        }
+        let v = gather_pages(self, v_pool, pages, desc.kv_len, desc.n_kv_heads * desc.v_head_dim)?;
+        self.attention(q, &k, &v, sinks, out, desc)
+    }
     /// Element-wise `a = op(a, b)` over `n` elements (residual add, SwiGLU, gating).
     fn binary(&self, op: BinaryOp, a: &mut DeviceBuffer, b: &DeviceBuffer, n: usize) -> Result<()>;
     /// `x *= s` over `n` elements.
@@ -200,4 +223,14 @@ pub trait Backend: Send + Sync {
         let _ = (inputs, state, out, desc);
         Err(BackendError::Unsupported { backend: self.kind().to_string(), op: Op::GatedDeltaRule, dtype: DType::F32 })
     }
+}
+
+/// The first `rows` logical rows of a paged `pool` (`width` values a row) as one contiguous
+/// scratch buffer, copied page run by page run.
+pub fn gather_pages<B: Backend + ?Sized>(be: &B, pool: &DeviceBuffer, pages: &KvPages<'_>, rows: usize, width: usize) -> Result<DeviceBuffer> {
+    let mut out = be.alloc(pool.dtype(), rows.max(1) * width, BufferUsage::Scratch)?;
+    for (j, r, n) in pages.runs(0, rows)? {
+        be.copy(StreamId::COMPUTE, pool, &mut out, &CopyDesc { src_offset: r * width, dst_offset: j * width, len: n * width })?;
+    }
+    Ok(out)
 }

@@ -225,6 +225,55 @@ pub struct AttentionDesc {
     pub window: Option<usize>,
 }
 
+/// Where a paged KV cache keeps one sequence's rows: logical row `j` is row
+/// `table[j / page_rows] * page_rows + j % page_rows` of the pool buffers, which hold the rows
+/// of many sequences in fixed-size pages.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KvPages<'a> {
+    /// The pool page of each of the sequence's pages, in order.
+    pub table: &'a [u32],
+    /// Rows per page.
+    pub page_rows: usize,
+}
+
+impl KvPages<'_> {
+    /// The pool row of logical row `j` (`None` past the table's end).
+    pub fn row(&self, j: usize) -> Option<usize> {
+        let page = *self.table.get(j / self.page_rows.max(1))? as usize;
+        Some(page * self.page_rows + j % self.page_rows)
+    }
+
+    /// The logical rows `start..end` as runs contiguous in the pool, in order: `(logical
+    /// row, pool row, rows)`; neighbouring pages that are neighbours in the pool make one run.
+    /// An error when the table does not reach `end` or the pages are zero rows.
+    pub fn runs(&self, start: usize, end: usize) -> crate::Result<Vec<(usize, usize, usize)>> {
+        let p = self.page_rows;
+        if p == 0 || end.div_ceil(p) > self.table.len() {
+            return Err(crate::BackendError::Shape(format!(
+                "a page table of {} pages of {p} rows does not reach row {end}",
+                self.table.len()
+            )));
+        }
+        let mut runs: Vec<(usize, usize, usize)> = Vec::new();
+        let mut j = start;
+        while j < end {
+            let n = (p - j % p).min(end - j);
+            let r = self.table[j / p] as usize * p + j % p;
+            match runs.last_mut() {
+                Some(last) if last.1 + last.2 == r => last.2 += n,
+                _ => runs.push((j, r, n)),
+            }
+            j += n;
+        }
+        Ok(runs)
+    }
+
+    /// Pool rows a buffer must have for every page of the table.
+    pub fn pool_rows(&self) -> usize {
+        self.table.iter().max().map_or(0, |&m| (m as usize + 1) * self.page_rows)
+    }
+}
+
 /// Element copy between buffers of the same dtype; offsets and length in elements.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct CopyDesc {

@@ -4,7 +4,7 @@ use crate::kernels::{self, attention::KvCache, need};
 use crate::storage::{bytes, bytes_mut, expect_dtype, f32s, f32s_mut, range, CpuStorage, Owned};
 use crate::{cpu_model, CpuBackend};
 use ft_backend::{
-    AttentionDesc, Backend, BackendError, BackendKind, BinaryOp, BufferUsage, ConvDesc, CopyDesc,
+    AttentionDesc, Backend, BackendError, BackendKind, BinaryOp, BufferUsage, ConvDesc, CopyDesc, KvPages,
     DType, DeltaRuleDesc, DeltaRuleInputs, DeviceBuffer, EventId, HostBytes, MatmulDesc,
     MemoryInfo, Op, Result, RmsNormDesc, RopeDesc, StreamId, TopK,
 };
@@ -337,7 +337,26 @@ impl Backend for CpuBackend {
             .transpose()?;
         let len = out.len();
         let o = f32s_mut(out, 0, len, "attention out")?;
-        kernels::attention(&self.pool, self.simd, &qs, k, v, sinks.as_deref(), o, desc)
+        kernels::attention(&self.pool, self.simd, &qs, k, v, None, sinks.as_deref(), o, desc)
+    }
+
+    fn attention_paged(
+        &self,
+        q: &DeviceBuffer,
+        k_pool: &DeviceBuffer,
+        v_pool: &DeviceBuffer,
+        pages: &KvPages<'_>,
+        sinks: Option<&DeviceBuffer>,
+        out: &mut DeviceBuffer,
+        desc: &AttentionDesc,
+    ) -> Result<()> {
+        let qs = f32s(q, 0, q.len(), "attention q")?;
+        let k = KvCache { bytes: bytes(k_pool, "attention k pool")?, dtype: k_pool.dtype() };
+        let v = KvCache { bytes: bytes(v_pool, "attention v pool")?, dtype: v_pool.dtype() };
+        let sinks = sinks.map(|s| f32s(s, 0, s.len(), "attention sinks")).transpose()?;
+        let len = out.len();
+        let o = f32s_mut(out, 0, len, "attention out")?;
+        kernels::attention(&self.pool, self.simd, &qs, k, v, Some(pages), sinks.as_deref(), o, desc)
     }
 
     fn binary(&self, op: BinaryOp, a: &mut DeviceBuffer, b: &DeviceBuffer, n: usize) -> Result<()> {

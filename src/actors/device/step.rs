@@ -8,7 +8,7 @@ use crate::engine::EngineError;
 use crate::kv::{SequenceState, INITIAL_ROWS};
 use crate::model::batch::BatchItem;
 use crate::model::{Logits, ModelError};
-use crate::policy::{plan_kv, plan_step, rows_after, KvUse, StepDemand};
+use crate::policy::{plan_kv, plan_step, KvUse, StepDemand};
 use crate::sampling::grammar::{Constraint, GrammarError, Mask as TokenMask};
 use crate::sampling::Sampler;
 use std::time::Instant;
@@ -29,13 +29,23 @@ impl Worker {
         }
     }
 
+    /// An empty state for up to `capacity` tokens: in the pool's pages (it takes none until
+    /// tokens arrive); a model without paged caches gets its buffers, one row of each while
+    /// it `waits` for room in the KV pool.
+    fn fresh_state(&self, capacity: usize, waits: bool) -> Result<SequenceState, ModelError> {
+        match &self.pages {
+            Some(pool) => SequenceState::in_pool(&self.args.model, capacity, pool),
+            None => SequenceState::with_rows(&self.args.model, capacity, if waits { 1 } else { INITIAL_ROWS }, self.args.kv_dtype),
+        }
+    }
+
     /// A new sequence, waiting for its first step (when the KV pool has room, [`Self::restart`]
     /// gives it its state).
     fn start_seq(&mut self, spec: SeqSpec, prompt: Vec<u32>) -> Result<Seq, ModelError> {
         if prompt.is_empty() {
             return Err(ModelError::Invalid("the prompt is empty".into()));
         }
-        let state = SequenceState::with_rows(&self.args.model, spec.capacity, 1, self.args.kv_dtype)?;
+        let state = self.fresh_state(spec.capacity, true)?;
         let sampler = Sampler::new(spec.sampling).map_err(|e| ModelError::Invalid(e.to_string()))?;
         Ok(Seq {
             state,
@@ -58,7 +68,7 @@ impl Worker {
     /// Gives `s` a fresh state built from its tokens (prompt and generated): the longest
     /// saved prefix restored, the rest left to prefill; its next token is then sampled as usual.
     fn restart(&mut self, s: &mut Seq) -> Result<(), ModelError> {
-        let mut state = SequenceState::with_rows(&self.args.model, s.state.capacity(), INITIAL_ROWS, self.args.kv_dtype)?;
+        let mut state = self.fresh_state(s.state.capacity(), false)?;
         let cached = self.args.reuse.restore(&s.history, &mut state);
         s.state = state;
         s.stops = self.args.reuse.prefill_stops(&s.history, cached).into();
@@ -84,7 +94,7 @@ impl Worker {
     /// restores rather than recomputes it.
     fn preempt(&mut self, s: &mut Seq) -> Result<(), ModelError> {
         Self::record_anchor(&mut self.args.reuse, s);
-        s.state = SequenceState::with_rows(&self.args.model, s.state.capacity(), 1, self.args.kv_dtype)?;
+        s.state = self.fresh_state(s.state.capacity(), true)?;
         s.waiting = true;
         self.dev.preemptions += 1;
         Ok(())
@@ -93,19 +103,17 @@ impl Worker {
     /// Which of the batch's sequences run this step within the KV pool: preempts and
     /// restarts as [`plan_kv`] decides; the rest wait. Errors go to `results`.
     fn fit_kv_pool(&mut self, batch: &mut Vec<(u64, Seq)>, results: &mut Vec<(u64, Result<Option<StepOutput>, EngineError>)>) -> Vec<bool> {
-        let per_token = SequenceState::bytes_per_token_as(&self.args.model, self.args.kv_dtype) as u64;
         let step = self.args.step_tokens.max(1);
         let uses: Vec<KvUse> = batch
             .iter()
             .map(|(_, s)| {
-                let cap = s.state.capacity();
-                // Rows after this step; a waiting one is rebuilt whole from a fresh state.
-                let (from, tokens) = if s.waiting {
-                    (INITIAL_ROWS.min(cap), s.history.len() + 1)
+                // What it holds after this step; a waiting one is rebuilt whole from a fresh state.
+                let need = if s.waiting {
+                    s.state.fresh_bytes_for(s.history.len() + 1)
                 } else {
-                    (s.state.allocated(), s.state.len() + s.prompt_left().min(step).max(1))
+                    s.state.bytes_after(s.state.len() + s.prompt_left().min(step).max(1))
                 };
-                KvUse { need: per_token * rows_after(from, tokens.min(cap), cap) as u64, waiting: s.waiting }
+                KvUse { need, waiting: s.waiting }
             })
             .collect();
         let plan = plan_kv(self.args.kv_pool, &uses);

@@ -1,13 +1,13 @@
 //! Softmax attention over a KV cache: GQA, optional biases, q/k norms, partial rotary,
 //! sliding windows with learned sinks (gpt-oss) and the per-head output gate of Qwen3-Next.
 
-use super::{gather_units, put_rows, take_rows, Span};
-use crate::kv::LayerState;
+use super::{gather_units, put_rows, store_rows, take_rows, Span};
+use crate::kv::pages::{self, PoolLayer};
 use crate::model::config::LayerKind;
 use crate::model::forward::scratch;
 use crate::model::weights::AttentionWeights;
 use crate::model::{Model, ModelError};
-use ft_backend::{AttentionDesc, BinaryOp, CopyDesc, DeviceBuffer, RmsNormDesc, RopeDesc};
+use ft_backend::{AttentionDesc, BinaryOp, DeviceBuffer, RmsNormDesc, RopeDesc};
 
 impl Model {
     /// The rotary embedding of `heads` heads of `head_stride` values per token, rotating
@@ -72,13 +72,15 @@ impl Model {
         let mut attn = scratch(be, t * nh * hd)?;
         let single = spans.len() == 1;
         for sp in spans.iter_mut() {
-            let LayerState::Attention { k: kc, v: vc } = &mut *sp.state else {
-                return Err(ModelError::Invalid("attention layer given a non-attention state".into()));
+            let pg = sp.pages.ok_or_else(|| ModelError::Invalid("attention layer without pages".into()))?;
+            let mut pool = pages::lock(pg.pool());
+            let table = sp.page_table(pool.page_rows())?;
+            let Some(PoolLayer::Kv { k: kc, v: vc }) = pool.layer_mut(sp.layer) else {
+                return Err(ModelError::Invalid(format!("layer {} has no key/value pages in the pool", sp.layer)));
             };
-            let span = CopyDesc { src_offset: sp.offset * nkv * hd, dst_offset: sp.past * nkv * hd, len: sp.len * nkv * hd };
             // Into the cache's dtype (a narrower KV cache rounds here).
-            be.store(&k, kc, &span)?;
-            be.store(&v, vc, &span)?;
+            store_rows(be, &k, kc, &table, sp, nkv * hd)?;
+            store_rows(be, &v, vc, &table, sp, nkv * hd)?;
             let desc = AttentionDesc {
                 n_tokens: sp.len,
                 n_heads: nh,
@@ -91,11 +93,11 @@ impl Model {
             };
             // Alone, the sequence's rows are the whole batch: no copies in or out.
             if single {
-                self.attend(&q, kc, vc, w.sinks.as_ref(), &mut attn, &desc)?;
+                self.attend_paged(&q, kc, vc, &table, w.sinks.as_ref(), &mut attn, &desc)?;
             } else {
                 let qi = take_rows(be, &q, sp.offset, sp.len, nh * hd)?;
                 let mut oi = scratch(be, sp.len * nh * hd)?;
-                self.attend(&qi, kc, vc, w.sinks.as_ref(), &mut oi, &desc)?;
+                self.attend_paged(&qi, kc, vc, &table, w.sinks.as_ref(), &mut oi, &desc)?;
                 put_rows(be, &oi, &mut attn, sp.offset, sp.len, nh * hd)?;
             }
         }

@@ -10,8 +10,8 @@
 //! context at every step.
 
 use crate::model::reads;
-use super::{gather_units, gcd, put_rows, take_rows, Span};
-use crate::kv::LayerState;
+use super::{gather_units, gcd, put_rows, store_rows, take_rows, Span};
+use crate::kv::pages::{self, PoolLayer};
 use crate::model::forward::scratch;
 use crate::model::weights::MlaWeights;
 use crate::model::{Model, ModelError};
@@ -92,10 +92,13 @@ impl Model {
         let mut attn = scratch(be, t * nh * width)?;
         let single = spans.len() == 1;
         for sp in spans.iter_mut() {
-            let LayerState::Latent { kv } = &mut *sp.state else {
-                return Err(ModelError::Invalid("MLA layer given a non-latent state".into()));
+            let pg = sp.pages.ok_or_else(|| ModelError::Invalid("MLA layer without pages".into()))?;
+            let mut pool = pages::lock(pg.pool());
+            let table = sp.page_table(pool.page_rows())?;
+            let Some(PoolLayer::Latent { kv }) = pool.layer_mut(sp.layer) else {
+                return Err(ModelError::Invalid(format!("layer {} has no latent pages in the pool", sp.layer)));
             };
-            be.store(&rows, kv, &CopyDesc { src_offset: sp.offset * width, dst_offset: sp.past * width, len: sp.len * width })?;
+            store_rows(be, &rows, kv, &table, sp, width)?;
             let desc = AttentionDesc {
                 n_tokens: sp.len,
                 n_heads: nh,
@@ -108,11 +111,11 @@ impl Model {
             };
             // Alone, the sequence's rows are the whole batch: no copies in or out.
             if single {
-                self.attend(&q_full, kv, kv, None, &mut attn, &desc)?;
+                self.attend_paged(&q_full, kv, kv, &table, None, &mut attn, &desc)?;
             } else {
                 let qi = take_rows(be, &q_full, sp.offset, sp.len, nh * width)?;
                 let mut oi = scratch(be, sp.len * nh * width)?;
-                self.attend(&qi, kv, kv, None, &mut oi, &desc)?;
+                self.attend_paged(&qi, kv, kv, &table, None, &mut oi, &desc)?;
                 put_rows(be, &oi, &mut attn, sp.offset, sp.len, nh * width)?;
             }
         }

@@ -13,14 +13,18 @@ mod mla;
 
 use super::forward::scratch;
 use super::ModelError;
-use crate::kv::LayerState;
-use ft_backend::{Backend, CopyDesc, DeviceBuffer, StreamId};
+use crate::kv::{LayerState, SeqPages};
+use ft_backend::{Backend, CopyDesc, DeviceBuffer, KvPages, StreamId};
 
 /// One sequence's part of a batched mixer call: rows `offset..offset + len` of the step's
 /// tokens, continuing after the `past` tokens its layer state already holds.
 pub(crate) struct Span<'a> {
+    /// The layer.
+    pub layer: usize,
     /// The sequence's state for this layer.
     pub state: &'a mut LayerState,
+    /// The sequence's pages (attention and latent rows).
+    pub pages: Option<&'a SeqPages>,
     /// Tokens already in that state.
     pub past: usize,
     /// Its first row in the batch.
@@ -65,4 +69,24 @@ pub(crate) fn gather_units(
     let mut out = scratch(be, ids.len() * unit)?;
     be.gather_rows(src, &ids, unit, &mut out)?;
     Ok(out)
+}
+
+impl Span<'_> {
+    /// The span's page table, for a layer whose rows are paged.
+    pub(crate) fn page_table(&self, rows: usize) -> Result<KvPages<'_>, ModelError> {
+        match (&*self.state, self.pages) {
+            (LayerState::Paged, Some(p)) => Ok(KvPages { table: p.table(), page_rows: rows }),
+            _ => Err(ModelError::Invalid(format!("layer {} has no paged cache in this sequence's state", self.layer))),
+        }
+    }
+}
+
+/// Writes the span's rows of `src` (`[batch rows, width]`, f32) into its pages of `dst`,
+/// in `dst`'s dtype.
+pub(crate) fn store_rows(be: &dyn Backend, src: &DeviceBuffer, dst: &mut DeviceBuffer, pages: &KvPages<'_>, sp: &Span<'_>, width: usize) -> Result<(), ModelError> {
+    for (j, r, n) in pages.runs(sp.past, sp.past + sp.len)? {
+        let desc = CopyDesc { src_offset: (sp.offset + j - sp.past) * width, dst_offset: r * width, len: n * width };
+        be.store(src, dst, &desc)?;
+    }
+    Ok(())
 }

@@ -2,7 +2,7 @@
 
 use super::elementwise::{axpy_row, exp_sub_sum, max};
 use super::{gemv::block, need, shape_err, SimdLevel};
-use ft_backend::{AttentionDesc, DType, Result};
+use ft_backend::{AttentionDesc, DType, KvPages, Result};
 use rayon::prelude::*;
 use rayon::ThreadPool;
 
@@ -24,6 +24,8 @@ pub struct KvCache<'a> {
 ///
 /// Work is split over (token, KV head) pairs on `pool`; each pair scores all of its query
 /// heads against the shared K rows in one tiled pass, so K and V are read once per group.
+/// With `pages`, the caches are pools and the sequence's rows are read in place, page run by
+/// page run (see [`KvPages`]).
 #[allow(clippy::too_many_arguments)]
 pub fn attention(
     pool: &ThreadPool,
@@ -31,6 +33,7 @@ pub fn attention(
     q: &[f32],
     k: KvCache<'_>,
     v: KvCache<'_>,
+    pages: Option<&KvPages<'_>>,
     sinks: Option<&[f32]>,
     out: &mut [f32],
     d: &AttentionDesc,
@@ -51,9 +54,17 @@ pub fn attention(
         )));
     }
     let rows_q = need(d.n_tokens, d.n_heads, "query rows")?;
+    // Rows the caches must hold: the sequence's, or every page its table names.
+    let cache_rows = match pages {
+        Some(p) => {
+            p.runs(0, d.kv_len)?;
+            p.pool_rows()
+        }
+        None => d.kv_len,
+    };
     let k_need = need(
         need(
-            need(d.kv_len, d.n_kv_heads, "kv rows")?,
+            need(cache_rows, d.n_kv_heads, "kv rows")?,
             d.head_dim,
             "k values",
         )?,
@@ -62,7 +73,7 @@ pub fn attention(
     )?;
     let v_need = need(
         need(
-            need(d.kv_len, d.n_kv_heads, "kv rows")?,
+            need(cache_rows, d.n_kv_heads, "kv rows")?,
             d.v_head_dim,
             "v values",
         )?,
@@ -106,6 +117,7 @@ pub fn attention(
             q,
             k,
             v,
+            pages,
             sinks,
             o,
             d,
@@ -134,6 +146,7 @@ fn pair(
     q: &[f32],
     k: KvCache<'_>,
     v: KvCache<'_>,
+    pages: Option<&KvPages<'_>>,
     sinks: Option<&[f32]>,
     o: &mut [f32],
     d: &AttentionDesc,
@@ -151,22 +164,29 @@ fn pair(
         return Ok(());
     }
     let q_rows = &q[(t * d.n_heads + kvh * group) * hd..][..group * hd];
+    // (first logical row, its cache row, rows) of each stretch contiguous in the cache.
+    let runs = match pages {
+        Some(p) => p.runs(start, pos + 1)?,
+        None => vec![(start, start, len)],
+    };
     let k_stride = d.n_kv_heads * hd;
-    let k_rows = &k.bytes[(start * k_stride + kvh * hd) * k.dtype.size()..];
     let mut scores = vec![0f32; group * len];
-    block(
-        level,
-        q_rows,
-        hd,
-        group,
-        hd,
-        k_rows,
-        k.dtype,
-        k_stride,
-        len,
-        &mut scores,
-        len,
-    )?;
+    for &(j, r, n) in &runs {
+        let k_rows = &k.bytes[(r * k_stride + kvh * hd) * k.dtype.size()..];
+        block(
+            level,
+            q_rows,
+            hd,
+            group,
+            hd,
+            k_rows,
+            k.dtype,
+            k_stride,
+            n,
+            &mut scores[j - start..],
+            len,
+        )?;
+    }
     for (g, s) in scores.chunks_exact_mut(len).enumerate() {
         s.iter_mut().for_each(|v| *v *= d.scale);
         let sink = sinks.map(|x| x[kvh * group + g]);
@@ -175,41 +195,47 @@ fn pair(
         let inv = 1.0 / denom;
         s.iter_mut().for_each(|v| *v *= inv);
     }
-    let v_rows = &v.bytes[(start * d.n_kv_heads + kvh) * vhd * v.dtype.size()..];
-    weighted_values(
-        level,
-        &scores,
-        group,
-        len,
-        v_rows,
-        v.dtype,
-        d.n_kv_heads * vhd,
-        vhd,
-        o,
-    )
+    let v_stride = d.n_kv_heads * vhd;
+    let v_rows = |r: usize| &v.bytes[(r * d.n_kv_heads + kvh) * vhd * v.dtype.size()..];
+    // Run after run, each continuing the sums the last one stored: the same additions in the
+    // same order as one pass over contiguous rows, so where a sequence's pages lie in the
+    // pool never changes its numbers.
+    for (i, &(j, r, n)) in runs.iter().enumerate() {
+        let pv = PvRows { p: &scores[j - start..], ps: len, heads: group, len: n, v: v_rows(r), dtype: v.dtype, v_stride, vhd, accumulate: i > 0 };
+        weighted_values(level, &pv, o)?;
+    }
+    Ok(())
 }
 
-/// `out[g, :] = Σ_j p[g, j] · v_row(j)` for `g < heads`, where `p` is `[heads, len]` and value
-/// row `j` starts at element `j * v_stride` of `v` (dtype `dtype`, any alignment).
-#[allow(clippy::too_many_arguments)]
-fn weighted_values(
-    level: SimdLevel,
-    p: &[f32],
+/// The operands of [`weighted_values`].
+struct PvRows<'a> {
+    /// Weights, `heads` rows of `len` (a row every `ps` values).
+    p: &'a [f32],
+    ps: usize,
     heads: usize,
     len: usize,
-    v: &[u8],
+    /// Value rows (dtype `dtype`, any alignment), a row every `v_stride` values.
+    v: &'a [u8],
     dtype: DType,
     v_stride: usize,
     vhd: usize,
-    out: &mut [f32],
-) -> Result<()> {
+    /// Add to what `out` holds instead of overwriting it.
+    accumulate: bool,
+}
+
+/// `out[g, :] (+)= Σ_j p[g, j] · v_row(j)` for `g < heads`, rows `j` in order, each head's
+/// sums carried in one accumulator per element (so a pass continued with `accumulate` adds
+/// exactly as one longer pass would).
+fn weighted_values(level: SimdLevel, a: &PvRows<'_>, out: &mut [f32]) -> Result<()> {
+    let PvRows { p, ps, heads, len, v, dtype, v_stride, vhd, accumulate } = *a;
     let es = dtype.size();
     let v_need = len.checked_sub(1).map_or(Some(0), |l| {
         l.checked_mul(v_stride)
             .and_then(|e| e.checked_add(vhd))
             .and_then(|e| e.checked_mul(es))
     });
-    if p.len() < need(heads, len, "weights")?
+    let p_need = heads.checked_sub(1).map_or(Some(0), |h| h.checked_mul(ps).and_then(|e| e.checked_add(len)));
+    if p_need.is_none_or(|n| p.len() < n)
         || out.len() < need(heads, vhd, "values out")?
         || v_need.is_none_or(|n| v.len() < n)
     {
@@ -219,6 +245,12 @@ fn weighted_values(
             v.len(),
             out.len()
         )));
+    }
+    if heads == 0 || len == 0 {
+        if !accumulate {
+            out[..heads * vhd].fill(0.0);
+        }
+        return Ok(());
     }
     #[cfg(target_arch = "x86_64")]
     {
@@ -233,14 +265,15 @@ fn weighted_values(
             for h0 in (0..heads).step_by(per_pass) {
                 let g = per_pass.min(heads - h0);
                 let a = Pv {
-                    p: p[h0 * len..].as_ptr(),
-                    ps: len,
+                    p: p[h0 * ps..].as_ptr(),
+                    ps,
                     v: v.as_ptr(),
                     vsb: v_stride * es,
                     len,
                     vhd,
                     out: out[h0 * vhd..].as_mut_ptr(),
                     os: vhd,
+                    accumulate,
                 };
                 // SAFETY: the ISA is confirmed by `effective`, and the checks above cover
                 // `g` rows of `p` and `out` and `len` value rows.
@@ -249,11 +282,13 @@ fn weighted_values(
             return Ok(());
         }
     }
-    out[..heads * vhd].fill(0.0);
+    if !accumulate {
+        out[..heads * vhd].fill(0.0);
+    }
     for j in 0..len {
         let row = &v[j * v_stride * es..][..vhd * es];
         for (g, og) in out.chunks_exact_mut(vhd).take(heads).enumerate() {
-            axpy_row(level, p[g * len + j], row, dtype, og)?;
+            axpy_row(level, p[g * ps + j], row, dtype, og)?;
         }
     }
     Ok(())

@@ -151,6 +151,13 @@ unsafe fn pv_g<const G: usize, const D: u8>(a: Pv) {
     while c + 16 <= a.vhd {
         let mut acc0 = [_mm256_setzero_ps(); G];
         let mut acc1 = [_mm256_setzero_ps(); G];
+        if a.accumulate {
+            for g in 0..G {
+                let o = a.out.add(g * a.os + c);
+                acc0[g] = _mm256_loadu_ps(o);
+                acc1[g] = _mm256_loadu_ps(o.add(8));
+            }
+        }
         for j in 0..a.len {
             let vp = a.v.add(j * a.vsb + c * es);
             let (v0, v1) = (load::<D>(vp), load::<D>(vp.add(8 * es)));
@@ -169,7 +176,7 @@ unsafe fn pv_g<const G: usize, const D: u8>(a: Pv) {
     }
     for c in c..a.vhd {
         for g in 0..G {
-            let mut s = 0f32;
+            let mut s = if a.accumulate { *a.out.add(g * a.os + c) } else { 0.0 };
             for j in 0..a.len {
                 s += *a.p.add(g * a.ps + j) * scalar_at::<D>(a.v.add(j * a.vsb), c);
             }

@@ -237,6 +237,13 @@ unsafe fn pv_g<const G: usize, const D: u8>(a: Pv) {
         let m1 = if left >= 16 { 0xffff } else { tail_mask(left) };
         let mut acc0 = [_mm512_setzero_ps(); G];
         let mut acc1 = [_mm512_setzero_ps(); G];
+        if a.accumulate {
+            for g in 0..G {
+                let o = a.out.add(g * a.os + c);
+                acc0[g] = _mm512_maskz_loadu_ps(m0, o);
+                acc1[g] = _mm512_maskz_loadu_ps(m1, o.wrapping_add(16));
+            }
+        }
         for j in 0..a.len {
             let vp = a.v.add(j * a.vsb + c * es);
             let v0 = load_masked::<D>(m0, vp);

@@ -113,10 +113,12 @@ pub(crate) struct Pv {
     pub len: usize,
     /// Values per row.
     pub vhd: usize,
-    /// Output, one row of `vhd` per head (overwritten).
+    /// Output, one row of `vhd` per head (overwritten, or added to with `accumulate`).
     pub out: *mut f32,
     /// Elements between heads in `out`.
     pub os: usize,
+    /// Start each sum from what `out` holds (a pass continuing an earlier one) instead of 0.
+    pub accumulate: bool,
 }
 
 /// Element `i` of a weight row as f32, read unaligned (tails of the AVX2 loops).
