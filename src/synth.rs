@@ -39,7 +39,7 @@ pub enum SynthError {
         known: String,
     },
     /// `dtype` is not one of f32, bf16, f16.
-    #[error("unsupported dtype {0:?}; use f32, bf16 or f16")]
+    #[error("unsupported dtype {0:?}; use f32, bf16 or f16 (fp8, nvfp4, mxfp4 and fp8-fp4 are written by `synth --dtype`, through quantize)")]
     BadDtype(String),
     /// An override or size option is out of range.
     #[error("invalid synth option: {0}")]
@@ -68,6 +68,9 @@ pub enum SynthError {
         /// The OS error.
         source: std::io::Error,
     },
+    /// Quantizing the synthesised weights into a published layout failed.
+    #[error("quantizing the synthetic checkpoint: {0}")]
+    Quantize(#[from] crate::quantize::QuantizeError),
     /// A bug: an internal step failed.
     #[error("internal error: {0}")]
     Internal(String),
@@ -315,6 +318,42 @@ pub fn synth(
     mut progress: impl FnMut(u64, u64),
 ) -> Result<SynthReport, SynthError> {
     write_plan(plan(opts)?, opts, &mut progress)
+}
+
+/// [`synth`] in a publisher's quantized layout (`--dtype fp8|nvfp4|mxfp4|fp8-fp4`): bf16
+/// weights written into a temporary folder beside `opts.out` (removed afterwards, also on
+/// failure), then [`crate::quantize::quantize_checkpoint`] into `opts.out`. The report counts
+/// the quantized files' bytes.
+pub fn synth_quantized(
+    opts: &SynthOptions,
+    format: crate::quantize::QuantFormat,
+    mut progress: impl FnMut(u64, u64),
+) -> Result<SynthReport, SynthError> {
+    use crate::quantize::{quantize_checkpoint, QuantizeOptions};
+    // Refuse an occupied output before writing anything.
+    files::prepare_out_dir(&opts.out, opts.overwrite)?;
+    let name = opts.out.file_name().map_or_else(|| "synth".into(), |n| n.to_string_lossy().into_owned());
+    let tmp = opts.out.with_file_name(format!(".{name}.bf16-synth"));
+    struct Remove(PathBuf);
+    impl Drop for Remove {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+    let _gone = Remove(tmp.clone());
+    let bf16 = SynthOptions { out: tmp.clone(), dtype: "bf16".into(), overwrite: true, ..opts.clone() };
+    let start = Instant::now();
+    let mut report = synth(&bf16, &mut progress)?;
+    let q = quantize_checkpoint(&QuantizeOptions { model: tmp, out: opts.out.clone(), format, overwrite: true, twin: None }, |_, _| {})?;
+    let mut written: Vec<PathBuf> = std::fs::read_dir(&opts.out)
+        .map_err(|source| SynthError::Io { path: opts.out.clone(), source })?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .collect();
+    written.sort();
+    report.files = written;
+    report.bytes = q.bytes_out;
+    report.elapsed = start.elapsed();
+    Ok(report)
 }
 
 /// Writes the checkpoint of a resolved plan.

@@ -1,6 +1,7 @@
 //! `ft-actor synth`: a checkpoint with random weights of a real model's shape.
 
-use crate::synth::{known_shapes, synth, SynthOptions};
+use crate::quantize::QuantFormat;
+use crate::synth::{known_shapes, synth, synth_quantized, SynthOptions};
 use anyhow::{Context, Result};
 use clap::Args;
 use std::path::PathBuf;
@@ -14,7 +15,9 @@ pub struct SynthArgs {
     /// Decoder layers (default: the real count).
     #[arg(long)]
     layers: Option<usize>,
-    /// Weight dtype: bf16, f16 or f32.
+    /// Weight dtype: bf16, f16 or f32; or a publisher's quantized layout: fp8 (128×128 block
+    /// scales), nvfp4, mxfp4 (gpt-oss experts), fp8-fp4 (DeepSeek-V4), written as bf16 into a
+    /// temporary folder beside the output and quantized from there.
     #[arg(long, default_value = "bf16")]
     dtype: String,
     /// Output folder.
@@ -55,10 +58,14 @@ pub fn run(a: SynthArgs) -> Result<()> {
         indicatif::ProgressStyle::with_template("writing [{bar:30}] {bytes}/{total_bytes} ({bytes_per_sec}, {eta})")
             .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
     );
-    let report = synth(&opts, |done, total| {
+    let progress = |done, total| {
         bar.set_length(total);
         bar.set_position(done);
-    })
+    };
+    let report = match QuantFormat::parse(&a.dtype) {
+        Some(format) => synth_quantized(&opts, format, progress),
+        None => synth(&opts, progress),
+    }
     .with_context(|| format!("cannot synthesise `{}` into {}", a.like, out.display()))?;
     bar.finish_and_clear();
     println!(

@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 
+use crate::common::test_backend;
 use ft_actor::synth::{plan, synth, SynthError, SynthOptions, SynthReport, TensorPlan};
 use half::{bf16, f16};
 use safetensors::{Dtype, SafeTensors};
@@ -542,4 +543,54 @@ fn errors_are_reported_not_panicked() {
     .unwrap_err();
     assert!(matches!(err, SynthError::OutDir { .. }), "{err}");
     assert!(err.to_string().contains("a-file"), "{err}");
+}
+
+/// `synth --dtype fp8|nvfp4|mxfp4|fp8-fp4` in one step: the checkpoint comes out in the
+/// publisher's layout (its quantized weight dtypes and `quantization_config`), loads, and
+/// runs a forward pass to finite logits; the temporary bf16 folder is gone afterwards; an
+/// occupied output is refused before anything is written.
+#[test]
+fn synth_writes_published_quantized_layouts() {
+    use ft_actor::quantize::QuantFormat;
+    use ft_actor::synth::synth_quantized;
+    let cases = [
+        ("qwen3-30b-a3b", QuantFormat::Fp8, "F8_E4M3"),
+        ("qwen3-30b-a3b", QuantFormat::Nvfp4, "U8"),
+        ("gpt-oss-20b", QuantFormat::Mxfp4, "U8"),
+        ("deepseek-v4-flash", QuantFormat::Fp8Fp4, "F8_E4M3"),
+    ];
+    for (like, format, dtype) in cases {
+        let dir = TempDir::new(&format!("q-{like}"));
+        let opts = SynthOptions {
+            like: like.into(),
+            layers: Some(1),
+            dtype: "bf16".into(),
+            out: dir.0.join("model"),
+            seed: 3,
+            experts: Some(4),
+            hidden: Some(256),
+            vocab: Some(ft_actor::synth::TOKENIZER_VOCAB),
+            ..Default::default()
+        };
+        let report = synth_quantized(&opts, format, |_, _| {}).unwrap_or_else(|e| panic!("{like} {format:?}: {e}"));
+        assert!(report.bytes > 0 && !report.files.is_empty());
+        let siblings: Vec<_> = std::fs::read_dir(&dir.0).unwrap().map(|e| e.unwrap().file_name()).collect();
+        assert_eq!(siblings.len(), 1, "{like}: the temporary bf16 folder is left: {siblings:?}");
+        let config = read_json(&opts.out.join("config.json"));
+        assert!(config.get("quantization_config").is_some(), "{like} {format:?}: no quantization_config");
+        let headers: String = report.files.iter().filter(|f| f.extension().is_some_and(|e| e == "safetensors")).map(|f| {
+            let bytes = std::fs::read(f).unwrap();
+            let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+            String::from_utf8_lossy(&bytes[8..8 + n]).into_owned()
+        }).collect();
+        assert!(headers.contains(&format!("\"{dtype}\"")), "{like} {format:?}: no {dtype} tensor");
+        let model = ft_actor::model::Model::load(&opts.out, test_backend(), &mut |_, _| {}).unwrap_or_else(|e| panic!("{like} {format:?}: {e}"));
+        let mut state = ft_actor::kv::SequenceState::new(&model, 16).unwrap();
+        let logits = model.forward(&mut state, &[1, 2, 3], ft_actor::model::Logits::Last).unwrap();
+        assert!(logits.iter().all(|x| x.is_finite()), "{like} {format:?}: logits not finite");
+        // An occupied output is refused, and nothing is written beside it.
+        let again = synth_quantized(&opts, format, |_, _| {});
+        assert!(again.is_err(), "{like}: an existing checkpoint must be refused");
+        assert_eq!(std::fs::read_dir(&dir.0).unwrap().count(), 1);
+    }
 }
