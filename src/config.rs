@@ -178,8 +178,8 @@ impl EngineKeys {
                 },
             },
             kv_dtype: match ft_backend::DType::parse(self.kv_dtype.trim()) {
-                Some(d @ (ft_backend::DType::F32 | ft_backend::DType::BF16 | ft_backend::DType::F16)) => d,
-                _ => return Err(bad("kv_dtype", format!("unknown `{}`: use bf16, f16 or f32", self.kv_dtype))),
+                Some(d @ (ft_backend::DType::F32 | ft_backend::DType::BF16 | ft_backend::DType::F16 | ft_backend::DType::Q8_0)) => d,
+                _ => return Err(bad("kv_dtype", format!("unknown `{}`: use f16, bf16, f32 or q8_0", self.kv_dtype))),
             },
             max_queue: self.max_queue,
             b_p: rate("b_p", &self.b_p)?,

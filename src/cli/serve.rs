@@ -70,7 +70,7 @@ pub struct ConfigArgs {
     #[arg(long, value_name = "N")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub kv_page_rows: Option<usize>,
-    /// What the KV caches hold: f16 (default), bf16 or f32.
+    /// What the KV caches hold: f16 (default), bf16, f32 or q8_0 (CPU backend).
     #[arg(long, value_name = "DTYPE")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub kv_dtype: Option<String>,

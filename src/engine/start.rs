@@ -108,8 +108,10 @@ pub(super) async fn spawn(
     let kv_dtype = if cfg.v4.is_some() {
         // DeepSeek-V4's attention reads its state on the host, in f32.
         ft_backend::DType::F32
-    } else if backend.supports_store(config.kv_dtype) && backend.supports(ft_backend::Op::Attention, config.kv_dtype) {
-        config.kv_dtype
+    } else if let Some(wanted) = kv_type_for(&model, config.kv_dtype)
+        .filter(|d| backend.supports_store(*d) && backend.supports(ft_backend::Op::Attention, *d))
+    {
+        wanted
     } else {
         tracing::warn!("the {} backend cannot keep a {} KV cache: using f32", backend.kind(), config.kv_dtype);
         ft_backend::DType::F32
@@ -248,4 +250,16 @@ pub(super) async fn spawn(
         cell.link(driver.get_cell());
     }
     Ok(EngineHandle { driver, info, tokenizer, faults, grammar: Default::default() })
+}
+
+/// The KV cache type to try for `model`: the one asked for, or f16 where a block type does
+/// not fit its heads (with a warning).
+fn kv_type_for(model: &Model, wanted: ft_backend::DType) -> Option<ft_backend::DType> {
+    match crate::kv::PagePool::unfit(model, wanted) {
+        Some(why) => {
+            tracing::warn!("{why}: using f16");
+            Some(ft_backend::DType::F16)
+        }
+        None => Some(wanted),
+    }
 }

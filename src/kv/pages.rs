@@ -103,6 +103,9 @@ impl PagePool {
                 _ => cfg.num_kv_heads * cfg.head_dim,
             })
             .collect::<Vec<_>>();
+        if let Some(why) = Self::unfit(model, dtype) {
+            return Err(ModelError::Invalid(why));
+        }
         let mut pool = PagePool {
             page_rows,
             max_pages,
@@ -117,6 +120,18 @@ impl PagePool {
         pool.layers = pool.alloc_layers(INITIAL_PAGES.min(max_pages))?;
         pool.add_pages(INITIAL_PAGES.min(max_pages));
         Ok(pool)
+    }
+
+    /// Why `model`'s caches cannot be kept in `dtype`, if they cannot: a block-quantized
+    /// cache (Q8_0) needs every head (attention) or row (latent) in whole blocks.
+    pub fn unfit(model: &Model, dtype: DType) -> Option<String> {
+        let cfg = model.config();
+        let be = dtype.block_elems();
+        let dims = match &cfg.mla {
+            Some(m) => vec![m.cache_width()],
+            None => vec![cfg.head_dim],
+        };
+        dims.iter().find(|d| *d % be != 0).map(|d| format!("a {dtype} KV cache needs heads of whole {be}-value blocks; this model's are {d} wide"))
     }
 
     /// A pool in an [`Arc`] and [`Mutex`] for sharing.
@@ -232,7 +247,13 @@ impl PagePool {
 
     /// Bytes one page takes in all layers together.
     pub fn page_bytes(&self) -> u64 {
-        (self.widths.iter().zip(&self.layers).map(|(w, l)| w * l.buffers().len()).sum::<usize>() * self.page_rows * self.dtype.size()) as u64
+        let values: usize = self.widths.iter().zip(&self.layers).map(|(w, l)| w * l.buffers().len()).sum();
+        self.row_bytes(values * self.page_rows) as u64
+    }
+
+    /// Bytes of `values` cache values (whole blocks of a block type).
+    fn row_bytes(&self, values: usize) -> usize {
+        values / self.dtype.block_elems() * self.dtype.size()
     }
 
     /// Pages held by someone.
@@ -270,14 +291,13 @@ impl PagePool {
     pub fn read_rows(&self, table: &[u32], rows: usize) -> Result<Vec<Vec<u8>>, ModelError> {
         let pages = KvPages { table, page_rows: self.page_rows };
         let runs = pages.runs(0, rows)?;
-        let es = self.dtype.size();
         let mut out = vec![];
         for (l, layer) in self.layers.iter().enumerate() {
-            let w = self.widths[l];
+            let b = |rows: usize| self.row_bytes(rows * self.widths[l]);
             for buf in layer.buffers() {
-                let mut bytes = vec![0u8; rows * w * es];
+                let mut bytes = vec![0u8; b(rows)];
                 for &(j, r, n) in &runs {
-                    self.backend.download(StreamId::COMPUTE, buf, r * w * es, &mut bytes[j * w * es..(j + n) * w * es])?;
+                    self.backend.download(StreamId::COMPUTE, buf, b(r), &mut bytes[b(j)..b(j + n)])?;
                 }
                 out.push(bytes);
             }
@@ -290,18 +310,19 @@ impl PagePool {
     pub fn write_rows(&mut self, table: &[u32], rows: usize, parts: &[Vec<u8>]) -> Result<(), ModelError> {
         let pages = KvPages { table, page_rows: self.page_rows };
         let runs = pages.runs(0, rows)?;
-        let es = self.dtype.size();
         let be = self.backend.clone();
+        let (dtype, widths) = (self.dtype, self.widths.clone());
+        let row_bytes = |values: usize| values / dtype.block_elems() * dtype.size();
         let mut parts = parts.iter();
         for (l, layer) in self.layers.iter_mut().enumerate() {
-            let w = self.widths[l];
+            let b = |rows: usize| row_bytes(rows * widths[l]);
             for buf in layer.buffers_mut() {
                 let bytes = parts.next().ok_or_else(|| ModelError::Invalid("saved KV rows do not match the pool's layers".into()))?;
-                if bytes.len() < rows * w * es {
+                if bytes.len() < b(rows) {
                     return Err(ModelError::Invalid("saved KV rows are shorter than their length".into()));
                 }
                 for &(j, r, n) in &runs {
-                    be.upload(StreamId::COMPUTE, &bytes[j * w * es..(j + n) * w * es], buf, r * w * es)?;
+                    be.upload(StreamId::COMPUTE, &bytes[b(j)..b(j + n)], buf, b(r))?;
                 }
             }
         }

@@ -9,6 +9,7 @@
 use crate::common::*;
 use ft_actor::engine::{Engine, EngineConfig, EngineHandle, EngineRequest, GenEvent, QuantDot};
 use ft_actor::policy::MoeMode;
+use ft_backend::DType;
 
 const ARCHS: [&str; 9] = ["qwen3_moe", "qwen3_moe_bf16", "qwen2_moe", "mixtral", "glm4_moe", "deepseek_v3", "gpt_oss", "qwen3_next", "qwen3_5_moe"];
 const GEN: usize = 12;
@@ -52,10 +53,12 @@ async fn run(engine: &EngineHandle, prompt: Vec<u32>) -> (Vec<u32>, Vec<Vec<f32>
     (ids, logits)
 }
 
-fn config(name: &str, slots: u64, mode: MoeMode, reuse: bool, pages: usize, dot: QuantDot) -> EngineConfig {
+#[allow(clippy::too_many_arguments)]
+fn config(name: &str, slots: u64, mode: MoeMode, reuse: bool, pages: usize, kv: DType, dot: QuantDot) -> EngineConfig {
     let mut c = pipeline_config(fixture(name).join("checkpoint"), slots, mode);
     c.quant_dot = dot;
     c.kv_page_rows = pages;
+    c.kv_dtype = kv;
     c.max_active = 8;
     // Small enough that every long prompt takes several steps beside the decodes.
     c.step_tokens = 12;
@@ -65,17 +68,18 @@ fn config(name: &str, slots: u64, mode: MoeMode, reuse: bool, pages: usize, dot:
     c
 }
 
-async fn check(name: &str, slots: u64, mode: MoeMode, reuse: bool, pages: usize, dot: QuantDot) {
-    let what = format!("{name} slots={slots} mode={mode} reuse={reuse} pages of {pages} rows {dot}");
+#[allow(clippy::too_many_arguments)]
+async fn check(name: &str, slots: u64, mode: MoeMode, reuse: bool, pages: usize, kv: DType, dot: QuantDot) {
+    let what = format!("{name} slots={slots} mode={mode} reuse={reuse} pages of {pages} rows {kv} cache {dot}");
     let ps = eight_prompts(name);
     // Alone: a fresh engine per prompt, so prefix reuse between the prompts cannot differ.
     let mut alone = vec![];
     for p in &ps {
-        let engine = Engine::spawn(config(name, slots, mode, reuse, pages, dot), None).await.unwrap();
+        let engine = Engine::spawn(config(name, slots, mode, reuse, pages, kv, dot), None).await.unwrap();
         alone.push(run(&engine, p.clone()).await);
         engine.shutdown().await;
     }
-    let engine = Engine::spawn(config(name, slots, mode, reuse, pages, dot), None).await.unwrap();
+    let engine = Engine::spawn(config(name, slots, mode, reuse, pages, kv, dot), None).await.unwrap();
     // Four start together; four more arrive once those decode, so steps mix prompt chunks
     // with decodes.
     let mut first: Vec<_> = ps[..4].iter().map(|p| tokio::spawn({
@@ -122,7 +126,7 @@ fn batched_steps_give_every_sequence_its_tokens_alone() {
                 // Small pages: every sequence spans several, saved prefixes share them with
                 // the sequences restored from them and a shared page is copied on write.
                 for (reuse, pages) in [(true, 4), (true, ft_actor::kv::PAGE_ROWS), (false, 5)] {
-                    check(name, slots, mode, reuse, pages, QuantDot::Exact).await;
+                    check(name, slots, mode, reuse, pages, DType::F16, QuantDot::Exact).await;
                 }
             }
         }
@@ -131,7 +135,11 @@ fn batched_steps_give_every_sequence_its_tokens_alone() {
         // there too. (In this test, not a second one: two at once on 2 cores starve the
         // arrivals the max_batch check waits for.)
         for reuse in [true, false] {
-            check("qwen3_moe_bf16", 0, MoeMode::Cpu, reuse, 4, QuantDot::Int8).await;
+            check("qwen3_moe_bf16", 0, MoeMode::Cpu, reuse, 4, DType::F16, QuantDot::Int8).await;
+        }
+        // A Q8_0 cache: block rows in pages, summed in the same order wherever they lie.
+        for reuse in [true, false] {
+            check("qwen3_moe", 0, MoeMode::Cpu, reuse, 4, DType::Q8_0, QuantDot::Exact).await;
         }
     });
 }

@@ -244,16 +244,18 @@ fn a_narrow_cache_snapshot_keeps_its_type() {
 /// restored from it takes none either and writes its next token into a copy of the shared
 /// last page only, both continue exactly as the uninterrupted sequence, and every page is
 /// free again once the states and the snapshot are gone. Moved to host memory the snapshot
-/// gives its pages back and still restores. Pages of 4 rows, so a sequence spans several.
+/// gives its pages back and still restores. Pages of 4 rows, so a sequence spans several;
+/// f32 caches of every kind of layer, and a Q8_0 one (rows of whole blocks).
 #[test]
 fn snapshots_share_pages_and_copy_on_write() {
     use ft_actor::kv::{pages::lock, PagePool};
     use ft_backend::DType;
-    for name in ["qwen3_moe", "deepseek_v3", "gpt_oss", "qwen3_next"] {
+    let cases = [("qwen3_moe", DType::F32), ("deepseek_v3", DType::F32), ("gpt_oss", DType::F32), ("qwen3_next", DType::F32), ("qwen3_moe", DType::Q8_0)];
+    for (name, dtype) in cases {
         let model = load(name);
         let ids = &prompts(&reference_json(name))[1];
         let cap = ids.len() + 8;
-        let pool = PagePool::new(&model, DType::F32, 4, 1024).unwrap().shared();
+        let pool = PagePool::new(&model, dtype, 4, 1024).unwrap().shared();
         let used = || lock(&pool).used_pages();
         let mut a = SequenceState::in_pool(&model, cap, &pool).unwrap();
         // An odd length: the last page is partly filled.
@@ -272,7 +274,7 @@ fn snapshots_share_pages_and_copy_on_write() {
         assert_eq!(used(), held + 2, "{name}");
         assert!(max_abs_diff(&la, &lb) == 0.0, "{name}: shared pages changed the numbers");
         // Both continue alike, and match a state that never shared.
-        let mut c = SequenceState::new(&model, cap).unwrap();
+        let mut c = SequenceState::with_rows(&model, cap, 1, dtype).unwrap();
         model.forward(&mut c, &ids[..cut], Logits::None).unwrap();
         let lc = model.forward(&mut c, &[5], Logits::Last).unwrap();
         assert!(max_abs_diff(&la, &lc) <= 1e-5, "{name}: paged in a shared pool differs from alone");

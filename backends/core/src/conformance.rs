@@ -137,6 +137,8 @@ macro_rules! conformance_suite {
         $crate::__conformance_test!(attention_f16, $make, attention, $crate::DType::F16);
         $crate::__conformance_test!(attention_paged_f32, $make, attention_paged, $crate::DType::F32);
         $crate::__conformance_test!(attention_paged_f16, $make, attention_paged, $crate::DType::F16);
+        $crate::__conformance_test!(attention_q8_0, $make, attention, $crate::DType::Q8_0);
+        $crate::__conformance_test!(attention_paged_q8_0, $make, attention_paged, $crate::DType::Q8_0);
         $crate::__conformance_test!(gather_rows_f32, $make, gather_rows, $crate::DType::F32);
         $crate::__conformance_test!(gather_rows_bf16, $make, gather_rows, $crate::DType::BF16);
         $crate::__conformance_test!(gather_rows_f16, $make, gather_rows, $crate::DType::F16);
@@ -153,6 +155,7 @@ macro_rules! conformance_suite {
         $crate::__conformance_test!(copy_upload_download, $make, copy_upload_download);
         $crate::__conformance_test!(store_bf16, $make, store, $crate::DType::BF16);
         $crate::__conformance_test!(store_f16, $make, store, $crate::DType::F16);
+        $crate::__conformance_test!(store_q8_0, $make, store, $crate::DType::Q8_0);
         $crate::__conformance_test!(import_host, $make, import_host);
         $crate::__conformance_test!(streams_events, $make, streams_events);
         $crate::__conformance_test!(memory, $make, memory);

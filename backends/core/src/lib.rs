@@ -102,7 +102,9 @@ pub trait Backend: Send + Sync {
     /// Writes `desc.len` f32 values of `src` into `dst` at element `desc.dst_offset`, in
     /// `dst`'s dtype (bf16 or f16, rounded to nearest even; f16 saturates at ±65504, so a
     /// cache never holds an infinity), on the compute stream: how new tokens enter a KV cache
-    /// kept narrower than the activations. `copy` when `dst` is f32.
+    /// kept narrower than the activations. `copy` when `dst` is f32. A block-quantized cache
+    /// (Q8_0, where [`Backend::supports_store`] says so) takes whole blocks at block offsets,
+    /// each quantized as [`crate::quant::quantize_row`] does.
     fn store(&self, src: &DeviceBuffer, dst: &mut DeviceBuffer, desc: &CopyDesc) -> Result<()> {
         if dst.dtype() == src.dtype() {
             return self.copy(StreamId::COMPUTE, src, dst, desc);

@@ -54,8 +54,9 @@ impl Backend for CpuBackend {
     }
 
     fn supports(&self, op: Op, dtype: DType) -> bool {
-        // Every op is implemented, for every dtype the trait allows.
-        op.fully_supported(dtype)
+        // Every op is implemented, for every dtype the trait allows; and Q8_0 as a KV cache
+        // (stored, copied in whole blocks, attended over).
+        op.fully_supported(dtype) || (dtype == DType::Q8_0 && matches!(op, Op::Attention | Op::Copy))
     }
 
     fn as_any(&self) -> &dyn Any {
@@ -163,13 +164,15 @@ impl Backend for CpuBackend {
     ) -> Result<()> {
         self.check_stream(stream)?;
         expect_dtype(dst, src.dtype(), "copy destination")?;
-        if src.dtype().is_quantized() {
+        if src.dtype().is_quantized() && !self.supports(Op::Copy, src.dtype()) {
             return Err(BackendError::Unsupported {
                 backend: "cpu".into(),
                 op: Op::Copy,
                 dtype: src.dtype(),
             });
         }
+        // In units of whole blocks (one element for the plain types).
+        let desc = &block_units(src.dtype(), desc)?;
         let es = src.dtype().size();
         let from = range(
             bytes(src, "copy source")?,
@@ -201,6 +204,14 @@ impl Backend for CpuBackend {
             return Err(BackendError::Unsupported { backend: "cpu".into(), op: Op::Copy, dtype });
         }
         let from = f32s(src, desc.src_offset, desc.len, "store source")?;
+        if dtype.is_quantized() {
+            let blocks = block_units(dtype, &CopyDesc { src_offset: 0, ..*desc })?;
+            let to = crate::storage::range_mut(bytes_mut(dst, "store destination")?, blocks.dst_offset, blocks.len, dtype.size(), "store destination")?;
+            let mut packed = Vec::with_capacity(to.len());
+            ft_backend::quant::quantize_row(dtype, &from, &mut packed);
+            to.copy_from_slice(&packed);
+            return Ok(());
+        }
         let to = crate::storage::range_mut(bytes_mut(dst, "store destination")?, desc.dst_offset, desc.len, 2, "store destination")?;
         for (o, &v) in to.chunks_exact_mut(2).zip(from.iter()) {
             let bits = if dtype == DType::BF16 {
@@ -214,7 +225,7 @@ impl Backend for CpuBackend {
     }
 
     fn supports_store(&self, dtype: DType) -> bool {
-        matches!(dtype, DType::F32 | DType::BF16 | DType::F16)
+        matches!(dtype, DType::F32 | DType::BF16 | DType::F16 | DType::Q8_0)
     }
 
     fn create_stream(&self) -> Result<StreamId> {
@@ -472,4 +483,20 @@ fn range_mut_bytes(b: &mut [u8], offset: usize, len: usize, es: usize) -> Option
     let start = offset.checked_mul(es)?;
     let end = offset.checked_add(len)?.checked_mul(es)?;
     b.get_mut(start..end)
+}
+
+/// `desc` in units of `dtype`'s blocks (unchanged for the plain types); offsets and length
+/// must be whole blocks.
+fn block_units(dtype: DType, desc: &CopyDesc) -> Result<CopyDesc> {
+    let be = dtype.block_elems();
+    if be == 1 {
+        return Ok(*desc);
+    }
+    if [desc.src_offset, desc.dst_offset, desc.len].iter().any(|v| v % be != 0) {
+        return Err(BackendError::Shape(format!(
+            "{dtype} is copied in whole blocks of {be}: {} values from {} to {}",
+            desc.len, desc.src_offset, desc.dst_offset
+        )));
+    }
+    Ok(CopyDesc { src_offset: desc.src_offset / be, dst_offset: desc.dst_offset / be, len: desc.len / be })
 }

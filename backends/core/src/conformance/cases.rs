@@ -358,6 +358,11 @@ pub fn attention(b: &dyn Backend, dtype: DType) {
         with_sinks,
     ) in cases
     {
+        // A block-quantized cache (Q8_0) keeps each head in whole blocks.
+        let be = dtype.block_elems();
+        if head_dim % be != 0 || v_head_dim % be != 0 {
+            continue;
+        }
         let desc = AttentionDesc {
             n_tokens,
             n_heads,

@@ -15,6 +15,9 @@ pub fn store(b: &dyn Backend, dtype: DType) {
         return;
     }
     let mut rng = Rng::new(0x7374_6f72);
+    if dtype.is_quantized() {
+        return store_blocks(b, dtype, &mut rng);
+    }
     let mut values = rng.vec(61, 3.0);
     // Halfway cases of both formats, tiny and huge values, signed zero.
     let special = [
@@ -54,6 +57,31 @@ pub fn store(b: &dyn Backend, dtype: DType) {
     assert!(b.store(&src, &mut small, &CopyDesc { src_offset: 0, dst_offset: 2, len: 3 }).is_err(), "store past the end");
 }
 
+/// [`store`] into a block-quantized cache (Q8_0): whole blocks at block offsets, each the
+/// reference's quantization of its values, the blocks around them untouched; a range that
+/// is not whole blocks is refused.
+fn store_blocks(b: &dyn Backend, dtype: DType, rng: &mut Rng) {
+    let be = dtype.block_elems();
+    let values = rng.vec(3 * be, 3.0);
+    let src = b
+        .import_host(HostBytes::from_vec(from_f32_slice(&values, DType::F32)), DType::F32, BufferUsage::Scratch)
+        .expect("import");
+    let old: Vec<f32> = (0..4 * be).map(|i| i as f32 * 0.25 - 7.0).collect();
+    for (src_offset, dst_offset, len) in [(0, 0, 3 * be), (be, 3 * be, be), (be, 2 * be, 2 * be), (0, 0, 0)] {
+        let mut dst = b.alloc(dtype, old.len(), BufferUsage::Kv).expect("alloc");
+        b.upload(StreamId::COMPUTE, &from_f32_slice(&old, dtype), &mut dst, 0).expect("upload");
+        b.store(&src, &mut dst, &CopyDesc { src_offset, dst_offset, len }).expect("store");
+        let mut got = vec![0u8; dst.size_bytes()];
+        b.download(StreamId::COMPUTE, &dst, 0, &mut got).expect("download");
+        let mut want = old.clone();
+        want[dst_offset..dst_offset + len].copy_from_slice(&values[src_offset..src_offset + len]);
+        assert_eq!(got, from_f32_slice(&want, dtype), "store {len} values {src_offset} → {dst_offset} into {dtype}");
+    }
+    let mut dst = b.alloc(dtype, old.len(), BufferUsage::Kv).expect("alloc");
+    assert!(b.store(&src, &mut dst, &CopyDesc { src_offset: 0, dst_offset: 1, len: be }).is_err(), "a store off the block grid");
+    assert!(b.store(&src, &mut dst, &CopyDesc { src_offset: 0, dst_offset: 4 * be, len: be }).is_err(), "store past the end");
+}
+
 /// Uploads at offsets, partial downloads, device copies with offsets for every dtype, on the
 /// compute stream and on a created one; fresh buffers read as zeros. All exact.
 pub fn copy_upload_download(b: &dyn Backend) {
@@ -63,18 +91,19 @@ pub fn copy_upload_download(b: &dyn Backend) {
         if !supported(b, Op::Copy, dtype) {
             continue;
         }
-        let es = dtype.size();
+        // Offsets and lengths below count units: elements, or whole blocks of a block type.
+        let (es, u) = (dtype.size(), dtype.block_elems());
         let len = 100;
-        let mut a = b.alloc(dtype, len, BufferUsage::Scratch).expect("alloc");
+        let mut a = b.alloc(dtype, len * u, BufferUsage::Scratch).expect("alloc");
         assert_eq!(
             (a.dtype(), a.len(), a.size_bytes(), a.usage()),
-            (dtype, len, len * es, BufferUsage::Scratch)
+            (dtype, len * u, len * es, BufferUsage::Scratch)
         );
         assert!(
             download(b, &a).iter().all(|v| *v == 0.0),
             "alloc {dtype} is not zero-filled"
         );
-        let bytes = from_f32_slice(&rng.vec(60, 4.0), dtype);
+        let bytes = from_f32_slice(&rng.vec(60 * u, 4.0), dtype);
         b.upload(side, &bytes, &mut a, 10 * es)
             .expect("upload at offset");
         b.synchronize(side).expect("synchronize");
@@ -83,15 +112,15 @@ pub fn copy_upload_download(b: &dyn Backend) {
             .expect("partial download");
         assert_eq!(part, bytes[5 * es..25 * es], "partial download {dtype}");
 
-        let mut c = b.alloc(dtype, 50, BufferUsage::Kv).expect("alloc");
+        let mut c = b.alloc(dtype, 50 * u, BufferUsage::Kv).expect("alloc");
         b.copy(
             StreamId::COMPUTE,
             &a,
             &mut c,
             &CopyDesc {
-                src_offset: 12,
-                dst_offset: 3,
-                len: 40,
+                src_offset: 12 * u,
+                dst_offset: 3 * u,
+                len: 40 * u,
             },
         )
         .expect("copy");
@@ -101,8 +130,8 @@ pub fn copy_upload_download(b: &dyn Backend) {
             &mut c,
             &CopyDesc {
                 src_offset: 0,
-                dst_offset: 49,
-                len: 1,
+                dst_offset: 49 * u,
+                len: u,
             },
         )
         .expect("copy");

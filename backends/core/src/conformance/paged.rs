@@ -24,6 +24,9 @@ pub fn attention_paged(b: &dyn Backend, dtype: DType) {
         (4, 8, 1, 96, 96, 50, 16, None, false, true),
     ];
     for (n_tokens, n_heads, n_kv_heads, head_dim, v_head_dim, kv_len, page_rows, window, with_sinks, latent) in cases {
+        if head_dim % dtype.block_elems() != 0 {
+            continue;
+        }
         let desc = AttentionDesc { n_tokens, n_heads, n_kv_heads, head_dim, v_head_dim, kv_len, scale: 1.0 / (head_dim as f32).sqrt(), window };
         if !b.supports_attention(&desc, dtype) {
             println!("skipped: paged {desc:?}: beyond the {} backend's attention kernels", b.kind());
@@ -70,9 +73,9 @@ pub fn attention_paged(b: &dyn Backend, dtype: DType) {
         assert_rel(&what, &download(b, &out), &want, ATTENTION_RTOL, ATTENTION_ATOL);
     }
     // A table that does not cover kv_len is an error, not a read past it.
-    let desc = AttentionDesc { n_tokens: 1, n_heads: 2, n_kv_heads: 1, head_dim: 8, v_head_dim: 8, kv_len: 9, scale: 1.0, window: None };
-    let (k, _) = upload(b, dtype, &vec![0.5; 16 * 8], BufferUsage::Kv);
-    let mut out = b.alloc(DType::F32, 16, BufferUsage::Scratch).expect("alloc");
+    let desc = AttentionDesc { n_tokens: 1, n_heads: 2, n_kv_heads: 1, head_dim: 32, v_head_dim: 32, kv_len: 9, scale: 1.0, window: None };
+    let (k, _) = upload(b, dtype, &vec![0.5; 16 * 32], BufferUsage::Kv);
+    let mut out = b.alloc(DType::F32, 64, BufferUsage::Scratch).expect("alloc");
     let short = KvPages { table: &[1], page_rows: 8 };
-    assert!(b.attention_paged(&upload_f32(b, &[0.1; 16]), &k, &k, &short, None, &mut out, &desc).is_err(), "a short page table must be refused");
+    assert!(b.attention_paged(&upload_f32(b, &[0.1; 64]), &k, &k, &short, None, &mut out, &desc).is_err(), "a short page table must be refused");
 }

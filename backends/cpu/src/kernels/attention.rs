@@ -62,24 +62,18 @@ pub fn attention(
         }
         None => d.kv_len,
     };
-    let k_need = need(
-        need(
-            need(cache_rows, d.n_kv_heads, "kv rows")?,
-            d.head_dim,
-            "k values",
-        )?,
-        k.dtype.size(),
-        "k bytes",
-    )?;
-    let v_need = need(
-        need(
-            need(cache_rows, d.n_kv_heads, "kv rows")?,
-            d.v_head_dim,
-            "v values",
-        )?,
-        v.dtype.size(),
-        "v bytes",
-    )?;
+    // A block-quantized cache (Q8_0) keeps every head's row in whole blocks.
+    for (c, dim) in [(k, d.head_dim), (v, d.v_head_dim)] {
+        if !dim.is_multiple_of(c.dtype.block_elems()) {
+            return Err(shape_err(format!("a {} cache needs heads of whole {}-value blocks, not {dim}", c.dtype, c.dtype.block_elems())));
+        }
+    }
+    let cache_bytes = |dim: usize, dtype: DType, what: &str| -> Result<usize> {
+        let values = need(need(cache_rows, d.n_kv_heads, "kv rows")?, dim, what)?;
+        dtype.bytes_for(values).ok_or_else(|| shape_err(format!("{values} {dtype} values of {what} overflow")))
+    };
+    let k_need = cache_bytes(d.head_dim, k.dtype, "k values")?;
+    let v_need = cache_bytes(d.v_head_dim, v.dtype, "v values")?;
     let out_len = need(rows_q, d.v_head_dim, "output values")?;
     if q.len() < need(rows_q, d.head_dim, "query values")?
         || k.bytes.len() < k_need
@@ -172,7 +166,11 @@ fn pair(
     let k_stride = d.n_kv_heads * hd;
     let mut scores = vec![0f32; group * len];
     for &(j, r, n) in &runs {
-        let k_rows = &k.bytes[(r * k_stride + kvh * hd) * k.dtype.size()..];
+        let k_rows = &k.bytes[byte_at(k.dtype, r * k_stride + kvh * hd)..];
+        if k.dtype.is_quantized() {
+            blocks_scores(q_rows, group, hd, k_rows, k.dtype, byte_at(k.dtype, k_stride), n, &mut scores[j - start..], len);
+            continue;
+        }
         block(
             level,
             q_rows,
@@ -196,7 +194,7 @@ fn pair(
         s.iter_mut().for_each(|v| *v *= inv);
     }
     let v_stride = d.n_kv_heads * vhd;
-    let v_rows = |r: usize| &v.bytes[(r * d.n_kv_heads + kvh) * vhd * v.dtype.size()..];
+    let v_rows = |r: usize| &v.bytes[byte_at(v.dtype, (r * d.n_kv_heads + kvh) * vhd)..];
     // Run after run, each continuing the sums the last one stored: the same additions in the
     // same order as one pass over contiguous rows, so where a sequence's pages lie in the
     // pool never changes its numbers.
@@ -205,6 +203,33 @@ fn pair(
         weighted_values(level, &pv, o)?;
     }
     Ok(())
+}
+
+/// Byte offset of element `i` of a cache of `dtype` (at a block boundary for block types).
+fn byte_at(dtype: DType, i: usize) -> usize {
+    i / dtype.block_elems() * dtype.size()
+}
+
+/// [`block`] for a block-quantized cache: `scores[g * ld + i] = q_g · k_row(i)` for `n` rows
+/// of `hd` values, row `i` at byte `i * row_bytes`; each row decoded once for all heads.
+#[allow(clippy::too_many_arguments)]
+fn blocks_scores(q: &[f32], heads: usize, hd: usize, k: &[u8], dtype: DType, row_bytes: usize, n: usize, scores: &mut [f32], ld: usize) {
+    let mut row = vec![0f32; hd];
+    for i in 0..n {
+        decode_row(&k[i * row_bytes..], dtype, &mut row);
+        for g in 0..heads {
+            let qg = &q[g * hd..][..hd];
+            scores[g * ld + i] = qg.iter().zip(&row).map(|(a, b)| a * b).sum();
+        }
+    }
+}
+
+/// Decodes `out.len()` values (whole blocks of `dtype`) from `src`.
+fn decode_row(src: &[u8], dtype: DType, out: &mut [f32]) {
+    let (be, bs) = (dtype.block_elems(), dtype.size());
+    for (b, o) in out.chunks_exact_mut(be).enumerate() {
+        ft_backend::quant::decode_block(dtype, &src[b * bs..][..bs], o);
+    }
 }
 
 /// The operands of [`weighted_values`].
@@ -232,7 +257,7 @@ fn weighted_values(level: SimdLevel, a: &PvRows<'_>, out: &mut [f32]) -> Result<
     let v_need = len.checked_sub(1).map_or(Some(0), |l| {
         l.checked_mul(v_stride)
             .and_then(|e| e.checked_add(vhd))
-            .and_then(|e| e.checked_mul(es))
+            .and_then(|e| dtype.bytes_for(e))
     });
     let p_need = heads.checked_sub(1).map_or(Some(0), |h| h.checked_mul(ps).and_then(|e| e.checked_add(len)));
     if p_need.is_none_or(|n| p.len() < n)
@@ -249,6 +274,22 @@ fn weighted_values(level: SimdLevel, a: &PvRows<'_>, out: &mut [f32]) -> Result<
     if heads == 0 || len == 0 {
         if !accumulate {
             out[..heads * vhd].fill(0.0);
+        }
+        return Ok(());
+    }
+    if dtype.is_quantized() {
+        // Row by row, each decoded once for all heads; every sum in row order, as below.
+        if !accumulate {
+            out[..heads * vhd].fill(0.0);
+        }
+        let mut row = vec![0f32; vhd];
+        let row_bytes = byte_at(dtype, v_stride);
+        for j in 0..len {
+            decode_row(&v[j * row_bytes..], dtype, &mut row);
+            for (g, og) in out.chunks_exact_mut(vhd).take(heads).enumerate() {
+                let w = p[g * ps + j];
+                og.iter_mut().zip(&row).for_each(|(o, x)| *o += w * x);
+            }
         }
         return Ok(());
     }
