@@ -259,7 +259,7 @@ fn snapshots_share_pages_and_copy_on_write() {
         let used = || lock(&pool).used_pages();
         let mut a = SequenceState::in_pool(&model, cap, &pool).unwrap();
         // An odd length: the last page is partly filled.
-        let cut = if ids.len() % 4 == 0 { ids.len() - 1 } else { ids.len() };
+        let cut = if ids.len().is_multiple_of(4) { ids.len() - 1 } else { ids.len() };
         model.forward(&mut a, &ids[..cut], Logits::None).unwrap();
         let held = cut.div_ceil(4);
         assert_eq!(used(), held, "{name}");

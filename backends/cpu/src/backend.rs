@@ -16,6 +16,27 @@ use std::sync::atomic::Ordering;
 const PARALLEL_MIN: usize = 1 << 16;
 
 impl CpuBackend {
+    /// Attention over contiguous caches, or over the pages `pages` names in pools.
+    #[allow(clippy::too_many_arguments)]
+    fn attend(
+        &self,
+        q: &DeviceBuffer,
+        k: &DeviceBuffer,
+        v: &DeviceBuffer,
+        pages: Option<&KvPages<'_>>,
+        sinks: Option<&DeviceBuffer>,
+        out: &mut DeviceBuffer,
+        desc: &AttentionDesc,
+    ) -> Result<()> {
+        let qs = f32s(q, 0, q.len(), "attention q")?;
+        let kc = KvCache { bytes: bytes(k, "attention k cache")?, dtype: k.dtype() };
+        let vc = KvCache { bytes: bytes(v, "attention v cache")?, dtype: v.dtype() };
+        let sinks = sinks.map(|s| f32s(s, 0, s.len(), "attention sinks")).transpose()?;
+        let len = out.len();
+        let o = f32s_mut(out, 0, len, "attention out")?;
+        kernels::attention(&self.pool, self.simd, &qs, kc, vc, pages, sinks.as_deref(), o, desc)
+    }
+
     fn check_stream(&self, s: StreamId) -> Result<()> {
         if s.0 < self.next_stream.load(Ordering::Relaxed) {
             Ok(())
@@ -334,21 +355,7 @@ impl Backend for CpuBackend {
         out: &mut DeviceBuffer,
         desc: &AttentionDesc,
     ) -> Result<()> {
-        let qs = f32s(q, 0, q.len(), "attention q")?;
-        let k = KvCache {
-            bytes: bytes(k_cache, "attention k cache")?,
-            dtype: k_cache.dtype(),
-        };
-        let v = KvCache {
-            bytes: bytes(v_cache, "attention v cache")?,
-            dtype: v_cache.dtype(),
-        };
-        let sinks = sinks
-            .map(|s| f32s(s, 0, s.len(), "attention sinks"))
-            .transpose()?;
-        let len = out.len();
-        let o = f32s_mut(out, 0, len, "attention out")?;
-        kernels::attention(&self.pool, self.simd, &qs, k, v, None, sinks.as_deref(), o, desc)
+        self.attend(q, k_cache, v_cache, None, sinks, out, desc)
     }
 
     fn attention_paged(
@@ -361,13 +368,7 @@ impl Backend for CpuBackend {
         out: &mut DeviceBuffer,
         desc: &AttentionDesc,
     ) -> Result<()> {
-        let qs = f32s(q, 0, q.len(), "attention q")?;
-        let k = KvCache { bytes: bytes(k_pool, "attention k pool")?, dtype: k_pool.dtype() };
-        let v = KvCache { bytes: bytes(v_pool, "attention v pool")?, dtype: v_pool.dtype() };
-        let sinks = sinks.map(|s| f32s(s, 0, s.len(), "attention sinks")).transpose()?;
-        let len = out.len();
-        let o = f32s_mut(out, 0, len, "attention out")?;
-        kernels::attention(&self.pool, self.simd, &qs, k, v, Some(pages), sinks.as_deref(), o, desc)
+        self.attend(q, k_pool, v_pool, Some(pages), sinks, out, desc)
     }
 
     fn binary(&self, op: BinaryOp, a: &mut DeviceBuffer, b: &DeviceBuffer, n: usize) -> Result<()> {
