@@ -1,7 +1,8 @@
 // Causal attention against a KV cache: one workgroup per (query token, head). Keys are
 // visited in chunks of WG with an online softmax (running max and denominator), so any
 // kv_len works with fixed workgroup memory; a sink starts the running state as one extra
-// logit with no value.
+// logit with no value. A paged cache (page_rows > 0) is a pool: the sequence's row j lives at
+// pool row pages[j / page_rows] * page_rows + j % page_rows.
 
 struct Params {
     n_tokens: u32,
@@ -15,6 +16,7 @@ struct Params {
     has_sinks: u32,
     k_base: u32,
     v_base: u32,
+    page_rows: u32, // 0: contiguous
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -23,6 +25,7 @@ struct Params {
 @group(0) @binding(3) var<storage, read> vc: array<u32>;
 @group(0) @binding(4) var<storage, read> sinks: array<f32>;
 @group(0) @binding(5) var<storage, read_write> out: array<f32>;
+@group(0) @binding(6) var<storage, read> pages: array<u32>;
 
 override KDT: u32 = 0u;
 override VDT: u32 = 0u;
@@ -41,6 +44,14 @@ fn load_k(i: u32) -> f32 {
 
 fn load_v(i: u32) -> f32 {
     return decode(vc[word_of(i, VDT)], i, VDT);
+}
+
+// The cache row of the sequence's row j.
+fn row(j: u32) -> u32 {
+    if (p.page_rows == 0u) {
+        return j;
+    }
+    return pages[j / p.page_rows] * p.page_rows + j % p.page_rows;
 }
 
 @compute @workgroup_size(64)
@@ -77,7 +88,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         let j = c0 + lid;
         var s = NEG_BIG;
         if (j <= pos) {
-            let kb = p.k_base + (j * p.n_kv_heads + kvh) * p.head_dim;
+            let kb = p.k_base + (row(j) * p.n_kv_heads + kvh) * p.head_dim;
             var dot = 0.0;
             for (var d = 0u; d < p.head_dim; d++) {
                 dot += qs[d] * load_k(kb + d);
@@ -116,7 +127,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
             if (c < p.v_head_dim) {
                 var a = acc[u] * alpha;
                 for (var jj = 0u; jj < nj; jj++) {
-                    a += pj[jj] * load_v(p.v_base + ((c0 + jj) * p.n_kv_heads + kvh) * p.v_head_dim + c);
+                    a += pj[jj] * load_v(p.v_base + (row(c0 + jj) * p.n_kv_heads + kvh) * p.v_head_dim + c);
                 }
                 acc[u] = a;
             }

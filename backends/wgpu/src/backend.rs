@@ -5,7 +5,7 @@ use crate::memory::wbuf;
 use crate::WgpuBackend;
 use ft_backend::{
     AttentionDesc, Backend, BackendError, BackendKind, BinaryOp, BufferUsage, ConvDesc, CopyDesc,
-    DType, DeltaRuleDesc, DeltaRuleInputs, DeviceBuffer, EventId, HostBytes, MatmulDesc,
+    DType, DeltaRuleDesc, DeltaRuleInputs, DeviceBuffer, EventId, HostBytes, KvPages, MatmulDesc,
     MemoryInfo, Op, Result, RmsNormDesc, RopeDesc, StreamId, TopK,
 };
 use std::any::Any;
@@ -199,7 +199,20 @@ impl Backend for WgpuBackend {
         out: &mut DeviceBuffer,
         desc: &AttentionDesc,
     ) -> Result<()> {
-        self.run_attention(q, k_cache, v_cache, sinks, out, desc)
+        self.run_attention(q, k_cache, v_cache, None, sinks, out, desc)
+    }
+
+    fn attention_paged(
+        &self,
+        q: &DeviceBuffer,
+        k_pool: &DeviceBuffer,
+        v_pool: &DeviceBuffer,
+        pages: &KvPages<'_>,
+        sinks: Option<&DeviceBuffer>,
+        out: &mut DeviceBuffer,
+        desc: &AttentionDesc,
+    ) -> Result<()> {
+        self.run_attention(q, k_pool, v_pool, Some(pages), sinks, out, desc)
     }
 
     fn binary(&self, op: BinaryOp, a: &mut DeviceBuffer, b: &DeviceBuffer, n: usize) -> Result<()> {

@@ -5,7 +5,7 @@ use crate::memory::{check_range, expect_dtype, need, u32_of, wbuf, Window};
 use crate::pipelines::{dtype_code, Bind, Kernel};
 use crate::WgpuBackend;
 use ft_backend::{
-    AttentionDesc, BackendError, DType, DeviceBuffer, MatmulDesc, Op, Result, RmsNormDesc, RopeDesc,
+    AttentionDesc, BackendError, DType, DeviceBuffer, KvPages, MatmulDesc, Op, Result, RmsNormDesc, RopeDesc,
 };
 
 /// Tokens per matmul workgroup (`TB` in matmul.wgsl).
@@ -179,12 +179,14 @@ impl WgpuBackend {
         )
     }
 
+    /// Attention over contiguous caches, or over the pages `pages` names in pools.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn run_attention(
         &self,
         q: &DeviceBuffer,
         k: &DeviceBuffer,
         v: &DeviceBuffer,
+        pages: Option<&KvPages<'_>>,
         sinks: Option<&DeviceBuffer>,
         out: &mut DeviceBuffer,
         d: &AttentionDesc,
@@ -207,12 +209,21 @@ impl WgpuBackend {
             return Err(BackendError::Unsupported { backend: "wgpu".into(), op: Op::Attention, dtype: k.dtype() });
         }
         let rows = need(d.n_tokens, d.n_heads, "attention")?;
+        // Cache rows read: the sequence's, or every page its table names.
+        let cache_rows = match pages {
+            Some(pg) => {
+                pg.runs(0, d.kv_len)?;
+                u32_of(pg.page_rows, "attention page rows")?;
+                pg.pool_rows()
+            }
+            None => d.kv_len,
+        };
         let qs = self.window(q, 0, need(rows, d.head_dim, "attention q")?, "attention q")?;
         let ks = self.window(
             k,
             0,
             need(
-                need(d.kv_len, d.n_kv_heads, "attention k")?,
+                need(cache_rows, d.n_kv_heads, "attention k")?,
                 d.head_dim,
                 "attention k",
             )?,
@@ -222,7 +233,7 @@ impl WgpuBackend {
             v,
             0,
             need(
-                need(d.kv_len, d.n_kv_heads, "attention v")?,
+                need(cache_rows, d.n_kv_heads, "attention v")?,
                 d.v_head_dim,
                 "attention v",
             )?,
@@ -256,8 +267,12 @@ impl WgpuBackend {
             sinks.is_some() as u32,
             ks.base,
             vs.base,
+            pages.map_or(0, |pg| pg.page_rows as u32),
         ];
         let sink_bind = ss.map_or(qs.bind, |s| s.bind);
+        // Without pages the shader still declares the table; any buffer satisfies it.
+        let table = pages.map(|pg| self.temp_buffer(bytemuck::cast_slice(pg.table)));
+        let table_bind = table.as_ref().map_or(qs.bind, Bind::all);
         self.dispatch(
             Kernel::Attention,
             &[
@@ -271,6 +286,7 @@ impl WgpuBackend {
                 (3, vs.bind),
                 (4, sink_bind),
                 (5, os.bind),
+                (6, table_bind),
             ],
             rows as u64,
         )
