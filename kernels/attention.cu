@@ -5,14 +5,17 @@
 // (running max, running sum, accumulator of VPL values per lane, so v_head_dim ≤ 32·VPL);
 // the warps' partial results are merged through shared memory at the end, together with the
 // sink, which joins the softmax denominator but has no value. Dynamic shared memory:
-// head_dim + 2·nw + nw·v_head_dim floats.
+// head_dim + 2·nw + nw·v_head_dim floats. A paged cache (page_rows > 0) is a pool: the
+// sequence's row j lives at pool row pages[j / page_rows] * page_rows + j % page_rows
+// (shaders/attention.wgsl reads pages the same way, and runs in CI on lavapipe).
 
 template <int DT, int VPL>
 __device__ __forceinline__ void attention_impl(const float* __restrict__ q, const void* __restrict__ kc,
                                                const void* __restrict__ vc,
                                                const float* __restrict__ sinks, float* __restrict__ out,
                                                u32 n_tokens, u32 n_heads, u32 n_kv_heads, u32 head_dim,
-                                               u32 v_head_dim, u32 kv_len, float scale, u32 window) {
+                                               u32 v_head_dim, u32 kv_len, float scale, u32 window,
+                                               const u32* __restrict__ pages, u32 page_rows) {
     extern __shared__ float smem[];
     u32 h = blockIdx.x, t = blockIdx.y;
     u32 kvh = h / (n_heads / n_kv_heads);
@@ -30,7 +33,8 @@ __device__ __forceinline__ void attention_impl(const float* __restrict__ q, cons
 #pragma unroll
     for (int e = 0; e < VPL; ++e) o[e] = 0.0f;
     for (u32 j = start + warp; j <= pos; j += nw) {
-        usize kb = ((usize)j * n_kv_heads + kvh) * head_dim;
+        usize r = page_rows ? (usize)pages[j / page_rows] * page_rows + j % page_rows : j;
+        usize kb = (r * n_kv_heads + kvh) * head_dim;
         float s = 0.0f;
         for (u32 d = lane; d < head_dim; d += 32) s = fmaf(qs[d], ld<DT>(kc, kb + d), s);
         s = warp_sum(s) * scale;
@@ -38,7 +42,7 @@ __device__ __forceinline__ void attention_impl(const float* __restrict__ q, cons
         float corr = expf(m - mn);
         float p = expf(s - mn);
         l = l * corr + p;
-        usize vb = ((usize)j * n_kv_heads + kvh) * v_head_dim;
+        usize vb = (r * n_kv_heads + kvh) * v_head_dim;
 #pragma unroll
         for (int e = 0; e < VPL; ++e) {
             u32 c = lane + 32 * e;
@@ -78,9 +82,9 @@ __device__ __forceinline__ void attention_impl(const float* __restrict__ q, cons
     extern "C" __global__ void attention_##NAME##_v##VPL(                                        \
         const float* q, const void* kc, const void* vc, const float* sinks, float* out,          \
         u32 n_tokens, u32 n_heads, u32 n_kv_heads, u32 head_dim, u32 v_head_dim, u32 kv_len,     \
-        float scale, u32 window) {                                                               \
+        float scale, u32 window, const u32* pages, u32 page_rows) {                              \
         attention_impl<DT, VPL>(q, kc, vc, sinks, out, n_tokens, n_heads, n_kv_heads, head_dim,  \
-                                v_head_dim, kv_len, scale, window);                              \
+                                v_head_dim, kv_len, scale, window, pages, page_rows);            \
     }
 ATTN(f32, DT_F32, 4)
 ATTN(f32, DT_F32, 8)

@@ -8,7 +8,7 @@ use crate::ops;
 use cudarc::driver::{result, sys, DriverError};
 use ft_backend::{
     AttentionDesc, Backend, BackendError, BackendKind, BinaryOp, BufferUsage, ConvDesc, CopyDesc, DType, DeltaRuleDesc,
-    DeltaRuleInputs, DeviceBuffer, EventId, HostBytes, MatmulDesc, MemoryInfo, Op, Result, RmsNormDesc, RopeDesc, StreamId,
+    DeltaRuleInputs, DeviceBuffer, EventId, HostBytes, KvPages, MatmulDesc, MemoryInfo, Op, Result, RmsNormDesc, RopeDesc, StreamId,
     TopK,
 };
 use std::any::Any;
@@ -268,7 +268,20 @@ impl Backend for CudaBackend {
         out: &mut DeviceBuffer,
         desc: &AttentionDesc,
     ) -> Result<()> {
-        ops::attn::attention(self, q, k_cache, v_cache, sinks, out, desc)
+        ops::attn::attention(self, q, k_cache, v_cache, None, sinks, out, desc)
+    }
+
+    fn attention_paged(
+        &self,
+        q: &DeviceBuffer,
+        k_pool: &DeviceBuffer,
+        v_pool: &DeviceBuffer,
+        pages: &KvPages<'_>,
+        sinks: Option<&DeviceBuffer>,
+        out: &mut DeviceBuffer,
+        desc: &AttentionDesc,
+    ) -> Result<()> {
+        ops::attn::attention(self, q, k_pool, v_pool, Some(pages), sinks, out, desc)
     }
 
     fn binary(&self, op: BinaryOp, a: &mut DeviceBuffer, b: &DeviceBuffer, n: usize) -> Result<()> {

@@ -1,11 +1,12 @@
 //! Attention against the KV cache, and the recurrent ops of Gated DeltaNet layers.
 
+use super::rows::words;
 use super::{by_dtype, BLOCK};
 use crate::device::{Arg, CudaBackend};
 use crate::error::driver;
 use crate::memory::{expect, f32_at, need, ptr_at, u32_of};
 use cudarc::driver::result;
-use ft_backend::{AttentionDesc, BackendError, ConvDesc, DeltaRuleDesc, DeltaRuleInputs, DeviceBuffer, Op, Result, StreamId};
+use ft_backend::{AttentionDesc, BackendError, ConvDesc, DeltaRuleDesc, DeltaRuleInputs, DeviceBuffer, KvPages, Op, Result, StreamId};
 
 /// Threads (4 warps) per attention block.
 const ATTN_BLOCK: u32 = 128;
@@ -22,12 +23,14 @@ pub(crate) fn attention_fits(d: &AttentionDesc) -> bool {
     d.head_dim <= MAX_HEAD_DIM && d.v_head_dim <= MAX_V_HEAD_DIM
 }
 
-/// See [`ft_backend::Backend::attention`].
+/// See [`ft_backend::Backend::attention`] and, with `pages`, [`ft_backend::Backend::attention_paged`].
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn attention(
     b: &CudaBackend,
     q: &DeviceBuffer,
     k_cache: &DeviceBuffer,
     v_cache: &DeviceBuffer,
+    pages: Option<&KvPages<'_>>,
     sinks: Option<&DeviceBuffer>,
     out: &mut DeviceBuffer,
     d: &AttentionDesc,
@@ -43,7 +46,15 @@ pub(crate) fn attention(
     }
     expect(v_cache, k_cache.dtype(), "attention v cache")?;
     let rows_q = need(d.n_tokens, d.n_heads, "query rows")?;
-    let kv_rows = need(d.kv_len, d.n_kv_heads, "kv rows")?;
+    // Cache rows read: the sequence's, or every page its table names.
+    let cache_rows = match pages {
+        Some(pg) => {
+            pg.runs(0, d.kv_len)?;
+            pg.pool_rows()
+        }
+        None => d.kv_len,
+    };
+    let kv_rows = need(cache_rows, d.n_kv_heads, "kv rows")?;
     let qp = f32_at(q, 0, need(rows_q, d.head_dim, "query values")?, "attention q")?;
     let kp = ptr_at(k_cache, 0, need(kv_rows, d.head_dim, "k values")?, "attention k cache")?;
     let vp = ptr_at(v_cache, 0, need(kv_rows, d.v_head_dim, "v values")?, "attention v cache")?;
@@ -75,6 +86,13 @@ pub(crate) fn attention(
     let warps = (ATTN_BLOCK / 32) as usize;
     let smem = (d.head_dim + 2 * warps + warps * d.v_head_dim) * 4;
     let window = u32_of(d.window.unwrap_or(0).min(u32::MAX as usize), "attention window")?;
+    let page_rows = u32_of(pages.map_or(0, |pg| pg.page_rows), "attention page rows")?;
+    let stream = b.stream(StreamId::COMPUTE)?;
+    let mut arena = b.arena()?;
+    let table = match pages {
+        Some(pg) => arena.put(&b.ctx, &stream, &[&words(pg.table.iter().copied())], 0)?[0],
+        None => 0,
+    };
     for t0 in (0..d.n_tokens).step_by(MAX_TOKENS) {
         let count = (d.n_tokens - t0).min(MAX_TOKENS);
         // This chunk's queries are the last `count` tokens of a cache of `kv_len` entries.
@@ -93,6 +111,8 @@ pub(crate) fn attention(
             Arg::U32(u32_of(kv_len, "attention kv_len")?),
             Arg::F32(d.scale),
             Arg::U32(window),
+            Arg::Ptr(table),
+            Arg::U32(page_rows),
         ];
         let grid = (u32_of(d.n_heads, "attention heads")?, count as u32, 1);
         b.launch(kernel, grid, ATTN_BLOCK, u32_of(smem, "attention shared memory")?, &args)?;

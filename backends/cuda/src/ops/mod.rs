@@ -99,7 +99,7 @@ pub const KERNELS: &[(&str, &[(&str, &str)])] = &[
 ];
 
 /// Parameters of every attention kernel.
-const ATTN: &str = "pppppuuuuuufu";
+const ATTN: &str = "pppppuuuuuufupu";
 
 /// The kernel file and parameter letters of `kernel`.
 pub fn kernel_info(kernel: &str) -> Option<(&'static str, &'static str)> {

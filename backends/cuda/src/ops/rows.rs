@@ -8,7 +8,7 @@ use ft_backend::{BackendError, DeviceBuffer, Result, StreamId};
 /// Most rows one launch covers (the grid's y limit).
 const MAX_GRID_Y: usize = 65_535;
 
-fn words(v: impl IntoIterator<Item = u32>) -> Vec<u8> {
+pub(super) fn words(v: impl IntoIterator<Item = u32>) -> Vec<u8> {
     v.into_iter().flat_map(u32::to_le_bytes).collect()
 }
 
