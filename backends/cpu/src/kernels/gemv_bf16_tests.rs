@@ -205,7 +205,8 @@ fn short_inputs_are_shape_errors() {
 #[test]
 fn quantized_prefill_matches_rounded_dequantized_reference() {
     // Past 4 tokens the int8 mode gives integer block types dequantized rows rounded to bf16;
-    // up to 4 it keeps their int8 kernels, and FP8 always stays exact.
+    // up to 4 it keeps their int8 kernels; FP8 meets bf16 activations in its own kernel, four
+    // tokens at a time (AVX-512 VBMI; checked in `fused_tests`), and stays exact elsewhere.
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(2)
         .build()
@@ -227,6 +228,10 @@ fn quantized_prefill_matches_rounded_dequantized_reference() {
             for n in [5, 13] {
                 let x = values(n * k, n as u64 + 40);
                 let (got, exact) = both_modes(&pool, &x, n, k, &w, dtype, m);
+                let fp8_groups = dtype == DType::F8E4M3 && crate::kernels::x86::fp8_bf16::available();
+                if fp8_groups {
+                    continue;
+                }
                 let bf16_path = has_dpbf16() && dtype != DType::F8E4M3;
                 for t in 0..n {
                     for r in 0..m {

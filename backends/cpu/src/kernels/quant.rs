@@ -37,9 +37,9 @@ pub enum QuantDot {
     Exact,
     /// Activations quantized to int8 (one scale per 32 values) and multiplied in integers, as
     /// llama.cpp does: the 4-bit types run about twice as fast on AVX2; each product carries a
-    /// relative error of about 1e-3 of `Σ|x·w|`. bf16 weights meet bf16-rounded activations
-    /// where the CPU has AVX-512 BF16 (`vdpbf16ps`, ≤ 2⁻⁹ of each activation); FP8, f16 and
-    /// f32 stay exact.
+    /// relative error of about 1e-3 of `Σ|x·w|`. bf16 and FP8 weights meet bf16-rounded
+    /// activations where the CPU has AVX-512 BF16 (`vdpbf16ps`, ≤ 2⁻⁹ of each activation; FP8
+    /// also needs VBMI, else it stays exact); f16 and f32 stay exact.
     Int8,
 }
 
@@ -185,6 +185,9 @@ pub(crate) struct Prepared<'a> {
     aux: Vec<f32>,
     /// Int8 codes and their scales (one per 32 values), token-major, when `dot` is `Int8`.
     int8: Option<(Vec<i8>, Vec<f32>)>,
+    /// FP8's activations rounded to bf16 in its kernel's order, token-major, when `dot` is
+    /// `Int8` and the CPU has AVX-512 BF16 and VBMI.
+    fp8_bf16: Option<Vec<u16>>,
     /// The integer instructions the int8 kernels use.
     #[cfg(target_arch = "x86_64")]
     isa: super::x86::qdot_i8::Isa,
@@ -263,6 +266,13 @@ impl<'a> Prepared<'a> {
                 }
                 (q, d)
             });
+            let fp8_bf16 = (dot == QuantDot::Int8 && dtype == DType::F8E4M3 && super::x86::fp8_bf16::available()).then(|| {
+                let mut v = vec![0u16; n * kp];
+                for t in 0..n {
+                    super::x86::fp8_bf16::prepare(&xv[t * xs..][..kp], &mut v[t * kp..][..kp]);
+                }
+                v
+            });
             Ok(Some(Self {
                 dtype,
                 n,
@@ -271,6 +281,7 @@ impl<'a> Prepared<'a> {
                 xs,
                 aux,
                 int8,
+                fp8_bf16,
                 isa: qdot_i8::Isa::best(level),
             }))
         }
@@ -305,6 +316,13 @@ impl<'a> Prepared<'a> {
             let kp = dtype.padded(k);
             let blocks = kp / dtype.block_elems();
             let auxs = blocks * qdot::aux_per_block(dtype);
+            if let Some(xb) = &self.fp8_bf16 {
+                let job = super::x86::fp8_bf16::Job { x: xb.as_ptr(), xs: kp, w: w.as_ptr(), rb: dtype.row_bytes(k), blocks, out: out.as_mut_ptr(), os };
+                // SAFETY: `new` confirmed AVX-512 BF16 and VBMI and prepared `blocks` whole
+                // blocks per token; `w` and `out` were checked above.
+                unsafe { super::x86::fp8_bf16::run(&job, n, nrows) };
+                return Ok(());
+            }
             match &self.int8 {
                 Some((q, d)) => {
                     let job = qdot_i8::Job {
@@ -488,5 +506,69 @@ mod fused_tests {
             println!("{dtype}: worst error / Σ|x·w| = {rel:.3e}");
         }
         println!("fused quantized matmul: worst error/bound = {worst:.3e}");
+    }
+
+    /// FP8 with `Int8` on AVX-512 BF16 + VBMI: the product of the exactly decoded weights with
+    /// the activations rounded to bf16, up to f32 summation order (1e-6 of `Σ|x·w|`), for
+    /// every token count, row counts off the interleave, partial last blocks and unaligned
+    /// weights; and within bf16's rounding (2⁻⁸ of `Σ|x·w|`) of the exact product.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn fp8_with_bf16_activations_matches_its_reference() {
+        if !super::super::x86::fp8_bf16::available() {
+            println!("skipped: fp8_with_bf16_activations_matches_its_reference: no AVX-512 BF16 and VBMI");
+            return;
+        }
+        let dtype = DType::F8E4M3;
+        let be = dtype.block_elems();
+        let mut rng = Rng::new(0xf8b1);
+        for &k in &[be, 3 * be, 2 * be - 5, 8 * be + 7] {
+            let (kp, rb) = (dtype.padded(k), dtype.row_bytes(k));
+            for &nrows in &[1usize, 2, 3, 7] {
+                let raw = super::tests::random_blocks(dtype, nrows * kp / be, &mut rng);
+                let mut unaligned = vec![0u8; raw.len() + 3];
+                unaligned[3..].copy_from_slice(&raw);
+                let mut dec = vec![0f32; nrows * kp];
+                for r in 0..nrows {
+                    super::super::elementwise::decode_scalar(&raw[r * rb..][..rb], dtype, &mut dec[r * kp..][..kp]);
+                }
+                for n in 1..=4usize {
+                    let (xs, os) = (k + 3, nrows + 2);
+                    let x = rng.vec(n * xs, 1.0);
+                    let mut out = vec![f32::NAN; n * os];
+                    block(SimdLevel::Avx512, QuantDot::Int8, &x, xs, n, k, &unaligned[3..], dtype, nrows, &mut out, os).expect("block");
+                    for t in 0..n {
+                        for r in 0..nrows {
+                            let (mut want, mut exact, mut mag) = (0f64, 0f64, 0f64);
+                            for p in 0..k {
+                                let (xv, w) = (x[t * xs + p], dec[r * kp + p] as f64);
+                                want += half::bf16::from_f32(xv).to_f32() as f64 * w;
+                                exact += xv as f64 * w;
+                                mag += (xv as f64 * w).abs();
+                            }
+                            let got = out[t * os + r] as f64;
+                            assert!((got - want).abs() <= 1e-6 * mag, "k={k} rows={nrows} n={n} t={t} r={r}: got {got}, want {want}");
+                            assert!((got - exact).abs() <= mag / 256.0, "k={k} rows={nrows} n={n}: {got} vs exact {exact}");
+                        }
+                    }
+                }
+            }
+        }
+        // Any token count through the pool (four tokens a pass): every token's results are
+        // bit for bit those of the token alone, so a sequence's numbers do not depend on its
+        // batch or prefill chunk.
+        let pool = rayon::ThreadPoolBuilder::new().num_threads(2).build().expect("pool");
+        let (k, m) = (3 * be, 70);
+        let raw = super::tests::random_blocks(dtype, m * k / be, &mut rng);
+        for n in [1usize, 4, 5, 9, 13] {
+            let x = rng.vec(n * k, 1.0);
+            let mut all = vec![0f32; n * m];
+            super::super::matmul(&pool, SimdLevel::Avx512, QuantDot::Int8, &x, n, k, &raw, dtype, m, &mut all).expect("matmul");
+            for t in 0..n {
+                let mut one = vec![0f32; m];
+                super::super::matmul(&pool, SimdLevel::Avx512, QuantDot::Int8, &x[t * k..][..k], 1, k, &raw, dtype, m, &mut one).expect("matmul");
+                assert!(one.iter().zip(&all[t * m..][..m]).all(|(a, b)| a.to_bits() == b.to_bits()), "n={n} token {t}: differs from alone");
+            }
+        }
     }
 }

@@ -37,6 +37,7 @@ macro_rules! entry {
 pub(crate) mod avx2;
 pub(crate) mod avx512;
 pub(crate) mod dpbf16;
+pub(crate) mod fp8_bf16;
 pub(crate) mod quant;
 pub(crate) mod qdot;
 pub(crate) mod qdot_i8;
