@@ -60,7 +60,8 @@ impl Drop for StateSnapshot {
     fn drop(&mut self) {
         if let Some(Paged::Shared { pool, table }) = &mut self.pages {
             let mut pool = pages::lock(pool);
-            for p in table.drain(..) {
+            // Last page first, as a sequence gives its pages back.
+            for p in table.drain(..).rev() {
                 pool.release(p);
             }
         }
@@ -114,7 +115,7 @@ impl StateSnapshot {
             let mut p = pages::lock(pool);
             let rows = p.read_rows(table, self.len)?;
             let dtype = p.dtype();
-            for page in table.drain(..) {
+            for page in table.drain(..).rev() {
                 p.release(page);
             }
             drop(p);

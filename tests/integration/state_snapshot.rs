@@ -294,3 +294,21 @@ fn snapshots_share_pages_and_copy_on_write() {
         assert_eq!(used(), 0, "{name}: pages leak");
     }
 }
+
+/// Pages come back in order: a sequence that follows a finished one in the same pool gets its
+/// pages as one contiguous run again (attention then reads one run, not one per page).
+#[test]
+fn freed_pages_come_back_in_order() {
+    use ft_actor::kv::PagePool;
+    use ft_backend::DType;
+    let model = load("qwen3_moe");
+    let vocab = model.config().vocab_size as u32;
+    let pool = PagePool::new(&model, DType::F32, 4, 64).unwrap().shared();
+    let ids: Vec<u32> = (0..30).map(|i| (i * 7 + 3) % vocab).collect();
+    for round in 0..3 {
+        let mut s = SequenceState::in_pool(&model, 64, &pool).unwrap();
+        model.forward(&mut s, &ids, Logits::None).unwrap();
+        let t = s.pages().unwrap().table().to_vec();
+        assert!(t.windows(2).all(|w| w[1] == w[0] + 1), "round {round}: pages {t:?}");
+    }
+}
