@@ -404,7 +404,7 @@ impl SequenceState {
             (_, Some(m)) => m.cache_width(),
             _ => 2 * c.num_kv_heads * c.head_dim,
         };
-        c.layer_kinds.iter().map(|k| per_layer(*k)).sum::<usize>() / dtype.block_elems() * dtype.size()
+        dtype.row_bytes(c.layer_kinds.iter().map(|k| per_layer(*k)).sum::<usize>())
     }
 
     /// Bytes of fixed-size (recurrent) state per sequence, for `model`.

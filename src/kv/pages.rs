@@ -248,12 +248,7 @@ impl PagePool {
     /// Bytes one page takes in all layers together.
     pub fn page_bytes(&self) -> u64 {
         let values: usize = self.widths.iter().zip(&self.layers).map(|(w, l)| w * l.buffers().len()).sum();
-        self.row_bytes(values * self.page_rows) as u64
-    }
-
-    /// Bytes of `values` cache values (whole blocks of a block type).
-    fn row_bytes(&self, values: usize) -> usize {
-        values / self.dtype.block_elems() * self.dtype.size()
+        self.dtype.row_bytes(values * self.page_rows) as u64
     }
 
     /// Pages held by someone.
@@ -293,7 +288,7 @@ impl PagePool {
         let runs = pages.runs(0, rows)?;
         let mut out = vec![];
         for (l, layer) in self.layers.iter().enumerate() {
-            let b = |rows: usize| self.row_bytes(rows * self.widths[l]);
+            let b = |rows: usize| self.dtype.row_bytes(rows * self.widths[l]);
             for buf in layer.buffers() {
                 let mut bytes = vec![0u8; b(rows)];
                 for &(j, r, n) in &runs {
@@ -311,11 +306,11 @@ impl PagePool {
         let pages = KvPages { table, page_rows: self.page_rows };
         let runs = pages.runs(0, rows)?;
         let be = self.backend.clone();
-        let (dtype, widths) = (self.dtype, self.widths.clone());
-        let row_bytes = |values: usize| values / dtype.block_elems() * dtype.size();
+        let dtype = self.dtype;
         let mut parts = parts.iter();
         for (l, layer) in self.layers.iter_mut().enumerate() {
-            let b = |rows: usize| row_bytes(rows * widths[l]);
+            let w = self.widths[l];
+            let b = |rows: usize| dtype.row_bytes(rows * w);
             for buf in layer.buffers_mut() {
                 let bytes = parts.next().ok_or_else(|| ModelError::Invalid("saved KV rows do not match the pool's layers".into()))?;
                 if bytes.len() < b(rows) {

@@ -1,7 +1,7 @@
 //! Softmax attention over a KV cache: GQA, optional biases, q/k norms, partial rotary,
 //! sliding windows with learned sinks (gpt-oss) and the per-head output gate of Qwen3-Next.
 
-use super::{gather_units, put_rows, store_rows, take_rows, Span};
+use super::{gather_units, on_span_rows, store_rows, Span};
 use crate::kv::pages::{self, PoolLayer};
 use crate::model::config::LayerKind;
 use crate::model::forward::scratch;
@@ -91,15 +91,9 @@ impl Model {
                 scale: cfg.attention_scale,
                 window: if kind == LayerKind::SlidingAttention { cfg.sliding_window } else { None },
             };
-            // Alone, the sequence's rows are the whole batch: no copies in or out.
-            if single {
-                self.attend_paged(&q, kc, vc, &table, w.sinks.as_ref(), &mut attn, &desc)?;
-            } else {
-                let qi = take_rows(be, &q, sp.offset, sp.len, nh * hd)?;
-                let mut oi = scratch(be, sp.len * nh * hd)?;
-                self.attend_paged(&qi, kc, vc, &table, w.sinks.as_ref(), &mut oi, &desc)?;
-                put_rows(be, &oi, &mut attn, sp.offset, sp.len, nh * hd)?;
-            }
+            on_span_rows(be, sp, single, &q, nh * hd, &mut attn, nh * hd, |qi, oi| {
+                self.attend_paged(qi, kc, vc, &table, w.sinks.as_ref(), oi, &desc)
+            })?;
         }
         if let Some(g) = gate {
             be.binary(BinaryOp::MulSigmoid, &mut attn, &g, t * nh * hd)?;

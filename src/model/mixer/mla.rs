@@ -10,7 +10,7 @@
 //! context at every step.
 
 use crate::model::reads;
-use super::{gather_units, gcd, put_rows, store_rows, take_rows, Span};
+use super::{gather_units, gcd, on_span_rows, store_rows, Span};
 use crate::kv::pages::{self, PoolLayer};
 use crate::model::forward::scratch;
 use crate::model::weights::MlaWeights;
@@ -109,15 +109,9 @@ impl Model {
                 scale: cfg.attention_scale,
                 window: None,
             };
-            // Alone, the sequence's rows are the whole batch: no copies in or out.
-            if single {
-                self.attend_paged(&q_full, kv, kv, &table, None, &mut attn, &desc)?;
-            } else {
-                let qi = take_rows(be, &q_full, sp.offset, sp.len, nh * width)?;
-                let mut oi = scratch(be, sp.len * nh * width)?;
-                self.attend_paged(&qi, kv, kv, &table, None, &mut oi, &desc)?;
-                put_rows(be, &oi, &mut attn, sp.offset, sp.len, nh * width)?;
-            }
+            on_span_rows(be, sp, single, &q_full, nh * width, &mut attn, nh * width, |qi, oi| {
+                self.attend_paged(qi, kv, kv, &table, None, oi, &desc)
+            })?;
         }
 
         // Values: each head's latent output through its W_uv, then back to [t, nh, vd].

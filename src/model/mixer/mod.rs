@@ -90,3 +90,26 @@ pub(crate) fn store_rows(be: &dyn Backend, src: &DeviceBuffer, dst: &mut DeviceB
     }
     Ok(())
 }
+
+/// Runs `f` on the span's rows of `q` (`q_width` values a row), writing its rows of `out`
+/// (`out_width` a row): on the buffers themselves when the span is the whole batch (`single`),
+/// else on copies of its rows.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn on_span_rows(
+    be: &dyn Backend,
+    sp: &Span<'_>,
+    single: bool,
+    q: &DeviceBuffer,
+    q_width: usize,
+    out: &mut DeviceBuffer,
+    out_width: usize,
+    f: impl FnOnce(&DeviceBuffer, &mut DeviceBuffer) -> Result<(), ModelError>,
+) -> Result<(), ModelError> {
+    if single {
+        return f(q, out);
+    }
+    let qi = take_rows(be, q, sp.offset, sp.len, q_width)?;
+    let mut oi = scratch(be, sp.len * out_width)?;
+    f(&qi, &mut oi)?;
+    put_rows(be, &oi, out, sp.offset, sp.len, out_width)
+}

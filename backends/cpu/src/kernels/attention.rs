@@ -54,13 +54,11 @@ pub fn attention(
         )));
     }
     let rows_q = need(d.n_tokens, d.n_heads, "query rows")?;
-    // Rows the caches must hold: the sequence's, or every page its table names.
-    let cache_rows = match pages {
-        Some(p) => {
-            p.runs(0, d.kv_len)?;
-            p.pool_rows()
-        }
-        None => d.kv_len,
+    // The sequence's rows as runs contiguous in the cache (one for a contiguous cache), made
+    // once for every (token, head) pair; and the rows the caches must hold.
+    let (runs, cache_rows) = match pages {
+        Some(p) => (p.runs(0, d.kv_len)?, p.pool_rows()),
+        None => (vec![(0, 0, d.kv_len)], d.kv_len),
     };
     // A block-quantized cache (Q8_0) keeps every head's row in whole blocks.
     for (c, dim) in [(k, d.head_dim), (v, d.v_head_dim)] {
@@ -111,7 +109,7 @@ pub fn attention(
             q,
             k,
             v,
-            pages,
+            &runs,
             sinks,
             o,
             d,
@@ -140,7 +138,7 @@ fn pair(
     q: &[f32],
     k: KvCache<'_>,
     v: KvCache<'_>,
-    pages: Option<&KvPages<'_>>,
+    runs: &[(usize, usize, usize)],
     sinks: Option<&[f32]>,
     o: &mut [f32],
     d: &AttentionDesc,
@@ -158,17 +156,17 @@ fn pair(
         return Ok(());
     }
     let q_rows = &q[(t * d.n_heads + kvh * group) * hd..][..group * hd];
-    // (first logical row, its cache row, rows) of each stretch contiguous in the cache.
-    let runs = match pages {
-        Some(p) => p.runs(start, pos + 1)?,
-        None => vec![(start, start, len)],
-    };
+    // The runs' parts inside `start..=pos`: (first logical row, its cache row, rows).
+    let runs = runs.iter().filter_map(|&(j, r, n)| {
+        let (a, b) = (j.max(start), (j + n).min(pos + 1));
+        (a < b).then(|| (a, r + (a - j), b - a))
+    });
     let k_stride = d.n_kv_heads * hd;
     let mut scores = vec![0f32; group * len];
-    for &(j, r, n) in &runs {
-        let k_rows = &k.bytes[byte_at(k.dtype, r * k_stride + kvh * hd)..];
+    for (j, r, n) in runs.clone() {
+        let k_rows = &k.bytes[k.dtype.row_bytes(r * k_stride + kvh * hd)..];
         if k.dtype.is_quantized() {
-            blocks_scores(q_rows, group, hd, k_rows, k.dtype, byte_at(k.dtype, k_stride), n, &mut scores[j - start..], len);
+            blocks_scores(q_rows, group, hd, k_rows, k.dtype, k.dtype.row_bytes(k_stride), n, &mut scores[j - start..], len);
             continue;
         }
         block(
@@ -194,20 +192,15 @@ fn pair(
         s.iter_mut().for_each(|v| *v *= inv);
     }
     let v_stride = d.n_kv_heads * vhd;
-    let v_rows = |r: usize| &v.bytes[byte_at(v.dtype, (r * d.n_kv_heads + kvh) * vhd)..];
+    let v_rows = |r: usize| &v.bytes[v.dtype.row_bytes((r * d.n_kv_heads + kvh) * vhd)..];
     // Run after run, each continuing the sums the last one stored: the same additions in the
     // same order as one pass over contiguous rows, so where a sequence's pages lie in the
     // pool never changes its numbers.
-    for (i, &(j, r, n)) in runs.iter().enumerate() {
+    for (i, (j, r, n)) in runs.enumerate() {
         let pv = PvRows { p: &scores[j - start..], ps: len, heads: group, len: n, v: v_rows(r), dtype: v.dtype, v_stride, vhd, accumulate: i > 0 };
         weighted_values(level, &pv, o)?;
     }
     Ok(())
-}
-
-/// Byte offset of element `i` of a cache of `dtype` (at a block boundary for block types).
-fn byte_at(dtype: DType, i: usize) -> usize {
-    i / dtype.block_elems() * dtype.size()
 }
 
 /// [`block`] for a block-quantized cache: `scores[g * ld + i] = q_g · k_row(i)` for `n` rows
@@ -283,7 +276,7 @@ fn weighted_values(level: SimdLevel, a: &PvRows<'_>, out: &mut [f32]) -> Result<
             out[..heads * vhd].fill(0.0);
         }
         let mut row = vec![0f32; vhd];
-        let row_bytes = byte_at(dtype, v_stride);
+        let row_bytes = dtype.row_bytes(v_stride);
         for j in 0..len {
             decode_row(&v[j * row_bytes..], dtype, &mut row);
             for (g, og) in out.chunks_exact_mut(vhd).take(heads).enumerate() {
