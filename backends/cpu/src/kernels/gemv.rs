@@ -21,6 +21,11 @@ const CHUNK_ROWS: usize = 16;
 /// every token tile sweeps it; 1024 measured ~25 % faster than 256 and no
 /// slower than unblocked.
 const KC: usize = 1024;
+/// Most weight bytes one pool task reads. Tasks are also the unit a free thread can take
+/// over, so this bounds how long one thread can wait at the end of a product for the other:
+/// the output head of a 150k vocabulary in bf16 is 622 MB, and its former quarter-matrix
+/// pieces left one of two threads idle for milliseconds per token.
+const TASK_BYTES: usize = 512 << 10;
 
 /// `out[i, r - rows.start] = x[i, :] · w[r, :]` for `i < n` and `r` in `rows`, on the calling
 /// thread.
@@ -108,7 +113,7 @@ pub fn matmul(
         if serial {
             return run(0..m, out);
         }
-        return split_rows(pool, n, m, out, run);
+        return split_rows(pool, n, m, rb, out, run);
     }
     if n > MAX_FUSED_TOKENS && fp8_in_groups(level, dot, dtype) {
         let w = checked(w)?;
@@ -124,7 +129,7 @@ pub fn matmul(
             if serial {
                 prep.run(w, m, og, m)?;
             } else {
-                split_rows(pool, cnt, m, og, |r, o| prep.run(&w[r.start * rb..], r.len(), o, r.len()))?;
+                split_rows(pool, cnt, m, rb, og, |r, o| prep.run(&w[r.start * rb..], r.len(), o, r.len()))?;
             }
         }
         return Ok(());
@@ -137,7 +142,7 @@ pub fn matmul(
                 return prep.run(w, m, out, m);
             }
             let rb = dtype.row_bytes(k);
-            return split_rows(pool, n, m, out, |r, o| prep.run(&w[r.start * rb..], r.len(), o, r.len()));
+            return split_rows(pool, n, m, rb, out, |r, o| prep.run(&w[r.start * rb..], r.len(), o, r.len()));
         }
     }
     if serial {
@@ -153,7 +158,7 @@ pub fn matmul(
             out.len()
         )));
     }
-    split_rows(pool, n, m, out, |r, o| matmul_rows(level, x, n, k, w, dtype, r, o))
+    split_rows(pool, n, m, row_bytes, out, |r, o| matmul_rows(level, x, n, k, w, dtype, r, o))
 }
 
 /// Most tokens one pass of the fused quantized kernels takes.
@@ -277,22 +282,26 @@ pub(crate) fn bf16_rows(xb: &[u16], n: usize, k: usize, w: &[u8], rows: Range<us
     let _ = (xb, n, k, w, rows, out, os);
 }
 
-/// Runs `f(rows, out_rows)` over row chunks of an `[n, m]` product on `pool`; `out_rows` is
-/// `[n, rows.len()]`, copied into `out` afterwards when `n > 1`.
+/// Runs `f(rows, out_rows)` over row chunks of an `[n, m]` product on `pool` (`row_bytes`
+/// weight bytes a row); `out_rows` is `[n, rows.len()]`, copied into `out` afterwards when
+/// `n > 1`.
 fn split_rows(
     pool: &ThreadPool,
     n: usize,
     m: usize,
+    row_bytes: usize,
     out: &mut [f32],
     f: impl Fn(Range<usize>, &mut [f32]) -> Result<()> + Sync,
 ) -> Result<()> {
-    // A few chunks per thread balance uneven progress; chunk sizes stay multiples of the
-    // prefill chunk so no thread gets a ragged tile in the middle of its range.
-    let per_task = m.div_ceil(pool.current_num_threads() * 4).next_multiple_of(CHUNK_ROWS);
+    let per_task = task_rows(pool.current_num_threads(), m, row_bytes);
     if n == 1 {
+        // `with_max_len(1)`: every chunk is a job of its own that an idle thread can take;
+        // rayon's default stops splitting at about a quarter of the range per thread and
+        // runs that quarter as one piece no other thread can enter.
         return pool.install(|| {
             out[..m]
                 .par_chunks_mut(per_task)
+                .with_max_len(1)
                 .enumerate()
                 .try_for_each(|(i, o)| f(i * per_task..i * per_task + o.len(), o))
         });
@@ -302,6 +311,7 @@ fn split_rows(
     let parts: Vec<Result<(usize, Vec<f32>)>> = pool.install(|| {
         (0..m.div_ceil(per_task))
             .into_par_iter()
+            .with_max_len(1)
             .map(|i| {
                 let r = i * per_task..((i + 1) * per_task).min(m);
                 let mut buf = vec![0f32; n * r.len()];
@@ -318,6 +328,15 @@ fn split_rows(
         }
     }
     Ok(())
+}
+
+/// Rows of one pool task: at least four tasks per thread (uneven progress evens out), at most
+/// [`TASK_BYTES`] of weights, a multiple of the prefill chunk so that no thread gets a
+/// ragged tile in the middle of its range.
+fn task_rows(threads: usize, m: usize, row_bytes: usize) -> usize {
+    let even = m.div_ceil(threads.max(1) * 4);
+    let cap = (TASK_BYTES / row_bytes.max(1)).max(1);
+    even.min(cap).max(1).next_multiple_of(CHUNK_ROWS)
 }
 
 /// Strided core: `out[t*os + r] = x[t*xs..][..k] · w_row(r)` for `t < n`, `r < nrows`, where

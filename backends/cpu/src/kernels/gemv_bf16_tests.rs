@@ -267,3 +267,22 @@ fn quantized_prefill_matches_rounded_dequantized_reference() {
         }
     }
 }
+
+/// Pool tasks: four a thread for small products, capped by bytes for large ones (the output
+/// head), always whole prefill chunks; the tasks cover every row.
+#[test]
+fn task_rows_caps_bytes_and_keeps_chunks() {
+    // An expert's gate in bf16: 768 rows of 4 KiB, a quarter per thread pair → 96 rows.
+    assert_eq!(task_rows(2, 768, 4096), 96);
+    // A 151,936-row bf16 head: 128 rows (512 KiB) a task, not 18,992.
+    assert_eq!(task_rows(2, 151_936, 4096), 128);
+    // Rows wider than the cap still make one chunk a task.
+    assert_eq!(task_rows(2, 10_000, 4 << 20), CHUNK_ROWS);
+    // A few rows on many threads: one chunk.
+    assert_eq!(task_rows(16, 20, 64), CHUNK_ROWS);
+    for (threads, m, rb) in [(1, 1, 1), (2, 151_936, 4096), (3, 1000, 700), (8, 33, 10)] {
+        let per = task_rows(threads, m, rb);
+        assert!(per >= 1 && per.is_multiple_of(CHUNK_ROWS));
+        assert!(m.div_ceil(per) * per >= m);
+    }
+}
