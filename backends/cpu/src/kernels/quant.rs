@@ -264,6 +264,9 @@ impl<'a> Prepared<'a> {
                         )
                     };
                 }
+                if dtype == DType::Nvfp4 {
+                    qdot_i8::nvfp4_order(&mut q);
+                }
                 (q, d)
             });
             let fp8_bf16 = (dot == QuantDot::Int8 && dtype == DType::F8E4M3 && super::x86::fp8_bf16::available()).then(|| {

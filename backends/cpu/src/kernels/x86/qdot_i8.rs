@@ -170,6 +170,8 @@ pub(crate) unsafe fn run(isa: Isa, dtype: DType, job: &Job, n: usize, nrows: usi
 trait Dot {
     /// `Σ u·i` per group of four bytes.
     unsafe fn dot_u(u: __m256i, i: __m256i) -> __m256i;
+    /// `acc + Σ u·i` per group of four bytes.
+    unsafe fn dot_u_acc(acc: __m256i, u: __m256i, i: __m256i) -> __m256i;
 }
 
 /// [`Isa::Madd`].
@@ -184,6 +186,10 @@ impl Dot for Madd {
     unsafe fn dot_u(u: __m256i, i: __m256i) -> __m256i {
         _mm256_madd_epi16(_mm256_maddubs_epi16(u, i), _mm256_set1_epi16(1))
     }
+    #[inline(always)]
+    unsafe fn dot_u_acc(acc: __m256i, u: __m256i, i: __m256i) -> __m256i {
+        _mm256_add_epi32(acc, Self::dot_u(u, i))
+    }
 }
 
 impl Dot for AvxVnni {
@@ -191,12 +197,20 @@ impl Dot for AvxVnni {
     unsafe fn dot_u(u: __m256i, i: __m256i) -> __m256i {
         _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), u, i)
     }
+    #[inline(always)]
+    unsafe fn dot_u_acc(acc: __m256i, u: __m256i, i: __m256i) -> __m256i {
+        _mm256_dpbusd_avx_epi32(acc, u, i)
+    }
 }
 
 impl Dot for Avx512Vnni {
     #[inline(always)]
     unsafe fn dot_u(u: __m256i, i: __m256i) -> __m256i {
         _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, i)
+    }
+    #[inline(always)]
+    unsafe fn dot_u_acc(acc: __m256i, u: __m256i, i: __m256i) -> __m256i {
+        _mm256_dpbusd_epi32(acc, u, i)
     }
 }
 
@@ -236,19 +250,6 @@ unsafe fn nibbles_lo_hi(p: *const u8) -> __m256i {
     let v = _mm256_broadcastsi128_si256(_mm_loadu_si128(p as *const __m128i));
     let v = _mm256_srlv_epi64(v, _mm256_setr_epi64x(0, 0, 4, 4));
     _mm256_and_si256(v, _mm256_set1_epi8(0x0f))
-}
-
-/// 16 bytes of packed nibbles at `p` as 32 bytes in value order, the low nibble first (byte
-/// `i` holds values `2i` and `2i + 1`, NVFP4's order): widened to 16-bit lanes, each lane's
-/// high nibble moves up a byte.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn nibbles_interleaved(p: *const u8) -> __m256i {
-    let v = _mm256_cvtepu8_epi16(_mm_loadu_si128(p as *const __m128i));
-    _mm256_and_si256(
-        _mm256_or_si256(v, _mm256_slli_epi16::<4>(v)),
-        _mm256_set1_epi16(0x0f0f),
-    )
 }
 
 /// Each 16-bit lane shifted left by `n` (right by `−n`); `n` is a constant once unrolled.
@@ -644,8 +645,25 @@ unsafe fn e4m3_half(h: __m128i, nan: __m128i, global: f32) -> __m256 {
     _mm256_mul_ps(v, _mm256_set1_ps(global))
 }
 
-/// NVFP4: `(e4m3(sc_g)·global) · d · Σ (2·e2m1)·a` per group of 16, two groups per 32
-/// activations (final `× ½`).
+/// The order [`nvfp4_blk`] reads a token's int8 activations in: in each run of 64 values the
+/// even-indexed ones, then the odd-indexed ones. A byte of NVFP4 holds values `2i` (low nibble)
+/// and `2i + 1` (high), so 32 bytes split by one mask and one shift into the even values and
+/// the odd values of 64, in the order of these activations.
+pub(crate) fn nvfp4_order(q: &mut [i8]) {
+    let mut tmp = [0i8; 64];
+    for c in q.chunks_exact_mut(64) {
+        for i in 0..32 {
+            tmp[i] = c[2 * i];
+            tmp[32 + i] = c[2 * i + 1];
+        }
+        c.copy_from_slice(&tmp);
+    }
+}
+
+/// NVFP4: `(e4m3(sc_g)·global) · d · Σ (2·e2m1)·a` per group of 16 (final `× ½`), 64 values a
+/// step: the even values' codes (low nibbles) and the odd values' (high) meet the activations
+/// of [`nvfp4_order`] and add into one i32 vector whose lane pairs are the four groups, so
+/// each step converts and scales once instead of once per 32 values.
 #[inline(always)]
 unsafe fn nvfp4_blk<D: Dot, const R: usize, const N: usize>(
     w: &[*const u8; R],
@@ -654,20 +672,27 @@ unsafe fn nvfp4_blk<D: Dot, const R: usize, const N: usize>(
     _a: &[*const f32; N],
     acc: &mut Acc<R, N>,
 ) {
-    let table = e2m1_table();
+    let (table, m4) = (e2m1_table(), _mm256_set1_epi8(0x0f));
+    // Lanes 0..4 take activation scale 2c, lanes 4..8 scale 2c + 1.
+    let halves = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);
     for r in 0..R {
         let p = w[r];
         let gs = nvfp4_scales(p.add(4), (p as *const f32).read_unaligned());
-        for m in 0..8 {
-            let wv = _mm256_shuffle_epi8(table, nibbles_interleaved(p.add(20 + 16 * m)));
-            // i32 lanes 0..4 sum group 2m, lanes 4..8 group 2m + 1.
-            let c = (2 * (m % 4)) as i32;
-            let pick = _mm256_setr_epi32(c, c, c, c, c + 1, c + 1, c + 1, c + 1);
-            let sv = _mm256_permutevar8x32_ps(gs[m / 4], pick);
+        for c in 0..4 {
+            let v = _mm256_loadu_si256(p.add(20 + 32 * c) as *const __m256i);
+            let we = _mm256_shuffle_epi8(table, _mm256_and_si256(v, m4));
+            let wo = _mm256_shuffle_epi8(table, _mm256_and_si256(_mm256_srli_epi16::<4>(v), m4));
+            let (ue, uo) = (_mm256_sign_epi8(we, we), _mm256_sign_epi8(wo, wo));
+            // Groups 4c .. 4c + 4, each over two lanes.
+            let b = (4 * (c % 2)) as i32;
+            let pick = _mm256_setr_epi32(b, b, b + 1, b + 1, b + 2, b + 2, b + 3, b + 3);
+            let sv = _mm256_permutevar8x32_ps(gs[c / 2], pick);
             for t in 0..N {
-                let s = cvt(dot_s::<D>(wv, lda(q[t], 32 * m)));
-                let sc = _mm256_mul_ps(sv, _mm256_set1_ps(*d[t].add(m)));
-                acc[r][t][m & 1] = _mm256_fmadd_ps(s, sc, acc[r][t][m & 1]);
+                let dot = D::dot_u(ue, _mm256_sign_epi8(lda(q[t], 64 * c), we));
+                let dot = D::dot_u_acc(dot, uo, _mm256_sign_epi8(lda(q[t], 64 * c + 32), wo));
+                let dv = _mm256_castpd_ps(_mm256_broadcast_sd(&*(d[t].add(2 * c) as *const f64)));
+                let dv = _mm256_permutevar8x32_ps(dv, halves);
+                acc[r][t][c & 1] = _mm256_fmadd_ps(cvt(dot), _mm256_mul_ps(sv, dv), acc[r][t][c & 1]);
             }
         }
     }
