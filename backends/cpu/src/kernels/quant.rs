@@ -264,8 +264,11 @@ impl<'a> Prepared<'a> {
                         )
                     };
                 }
-                if dtype == DType::Nvfp4 {
-                    qdot_i8::nvfp4_order(&mut q);
+                match dtype {
+                    DType::Nvfp4 => qdot_i8::nvfp4_order(&mut q),
+                    // Per token: whole pairs of blocks only, the last odd block as it is.
+                    DType::Mxfp4 => q.chunks_exact_mut(kp).for_each(|t| qdot_i8::mxfp4_order(&mut t[..kp / 64 * 64])),
+                    _ => {}
                 }
                 (q, d)
             });

@@ -255,3 +255,13 @@ fn nvfp4_every_scale_code() {
         }
     }
 }
+
+/// The branch-free E8M0 decode of the paired MXFP4 kernel is the reference's for every code
+/// (2⁻¹²⁷ for 0, NaN for 255).
+#[test]
+fn e8m0_bits_match_the_reference_decode() {
+    for code in 0..=255u8 {
+        let (ours, reference) = (f32::from_bits(crate::kernels::x86::qdot_i8::e8m0_bits(code)), ft_backend::quant::e8m0_to_f32(code));
+        assert!(ours.to_bits() == reference.to_bits() || (ours.is_nan() && reference.is_nan()), "code {code}: {ours} vs {reference}");
+    }
+}

@@ -266,8 +266,14 @@ unsafe fn shl16(v: __m256i, n: i32) -> __m256i {
 /// Defines the row body `$rows::<D, R, N>` for a block kernel `$blk` (blocks of `$be` values
 /// in `$bb` bytes, `$apb` exact sums per block, `$fin` a final scale), as [`super::qdot`]
 /// does for f32 activations; [`isa_kernels!`] compiles it once per [`Isa`].
+///
+/// The long form takes `$step` blocks a call of `$blk` and a last incomplete step one block at
+/// a time through `$tail`.
 macro_rules! kernel {
     ($rows:ident, $blk:ident, $be:expr, $bb:expr, $apb:expr, $fin:expr) => {
+        kernel!($rows, $blk, $be, $bb, $apb, $fin, 1, $blk);
+    };
+    ($rows:ident, $blk:ident, $be:expr, $bb:expr, $apb:expr, $fin:expr, $step:expr, $tail:ident) => {
         #[inline(always)]
         unsafe fn $rows<D: Dot, const R: usize, const N: usize>(j: &Job, r0: usize) {
             let mut acc = [[[_mm256_setzero_ps(); 2]; N]; R];
@@ -284,22 +290,32 @@ macro_rules! kernel {
             // Pointers are recomputed from the block index, one induction variable: advancing
             // arrays of pointers kept them in memory and capped the 32-value types at ~10
             // values/ns.
-            for i in 0..j.blocks {
-                let wb = w.map(|p| p.add(i * $bb));
-                let ahead = prefetch_offset::<R>(j.rb, i * $bb);
-                for p in wb.iter() {
-                    let mut off = 0;
-                    while off < $bb {
-                        _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(ahead + off) as *const i8);
-                        off += 64;
+            // One step of `$n` blocks from block `i` through `$f`.
+            macro_rules! step {
+                ($f:ident, $i:expr, $n:expr) => {{
+                    let i = $i;
+                    let wb = w.map(|p| p.add(i * $bb));
+                    let ahead = prefetch_offset::<R>(j.rb, i * $bb);
+                    for p in wb.iter() {
+                        let mut off = 0;
+                        while off < $n * $bb {
+                            _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(ahead + off) as *const i8);
+                            off += 64;
+                        }
                     }
-                }
-                let (qb, db, ab) = (
-                    q.map(|p| p.add(i * $be)),
-                    d.map(|p| p.add(i * ($be / QK))),
-                    a.map(|p| p.add(i * $apb)),
-                );
-                $blk::<D, R, N>(&wb, &qb, &db, &ab, &mut acc);
+                    let (qb, db, ab) = (
+                        q.map(|p| p.add(i * $be)),
+                        d.map(|p| p.add(i * ($be / QK))),
+                        a.map(|p| p.add(i * $apb)),
+                    );
+                    $f::<D, R, N>(&wb, &qb, &db, &ab, &mut acc);
+                }};
+            }
+            for s in 0..j.blocks / $step {
+                step!($blk, s * $step, $step);
+            }
+            for i in j.blocks / $step * $step..j.blocks {
+                step!($tail, i, 1);
             }
             for (r, row) in acc.iter().enumerate() {
                 for (t, v) in row.iter().enumerate() {
@@ -315,7 +331,7 @@ kernel!(q4_0_rows, q4_0_blk, 32, 18, 1, 1.0);
 kernel!(q4_k_rows, q4_k_blk, 256, 144, 8, 1.0);
 kernel!(q5_k_rows, q5_k_blk, 256, 176, 8, 1.0);
 kernel!(q6_k_rows, q6_k_blk, 256, 210, 16, 1.0);
-kernel!(mxfp4_rows, mxfp4_blk, 32, 17, 0, 0.5);
+kernel!(mxfp4_rows, mxfp4_pair, 32, 17, 0, 0.5, 2, mxfp4_blk);
 kernel!(nvfp4_rows, nvfp4_blk, 256, 148, 0, 0.5);
 
 /// A module `$m` holding, for the sums `$d` and target features `$feat`, one compiled driver
@@ -610,6 +626,58 @@ unsafe fn mxfp4_blk<D: Dot, const R: usize, const N: usize>(
         for t in 0..N {
             let s = cvt(dot_s::<D>(wv, lda(q[t], 0)));
             acc[r][t][0] = _mm256_fmadd_ps(s, _mm256_set1_ps(e * *d[t]), acc[r][t][0]);
+        }
+    }
+}
+
+/// The order [`mxfp4_pair`] reads a token's int8 activations in: in each run of 64 values (two
+/// blocks) the quarters 0, 2, 1, 3, so that 16 bytes of each block side by side split by one
+/// mask and one shift into both blocks' first 16 values, then both blocks' last 16. A last odd
+/// block keeps its order ([`mxfp4_blk`]).
+pub(crate) fn mxfp4_order(q: &mut [i8]) {
+    let mut tmp = [0i8; 16];
+    for c in q.chunks_exact_mut(64) {
+        tmp.copy_from_slice(&c[16..32]);
+        c.copy_within(32..48, 16);
+        c[32..48].copy_from_slice(&tmp);
+    }
+}
+
+/// `2^e` of an E8M0 code as f32 bits, as [`e8m0_to_f32`] decodes it, in arithmetic only:
+/// code 0 is 2⁻¹²⁷ (bit 22 alone) and 255 a NaN (all exponent bits and bit 22).
+#[inline(always)]
+pub(crate) fn e8m0_bits(code: u8) -> u32 {
+    ((code as u32) << 23) | ((((code == 0) | (code == 255)) as u32) << 22)
+}
+
+/// MXFP4, two blocks a step: the blocks' 16 code bytes side by side give both blocks' low
+/// nibbles and both blocks' high nibbles, against activations in [`mxfp4_order`], added into
+/// one i32 vector whose lanes 0..4 are the first block and 4..8 the second; one conversion and
+/// one multiply-add per two blocks.
+#[inline(always)]
+unsafe fn mxfp4_pair<D: Dot, const R: usize, const N: usize>(
+    w: &[*const u8; R],
+    q: &[*const i8; N],
+    d: &[*const f32; N],
+    _a: &[*const f32; N],
+    acc: &mut Acc<R, N>,
+) {
+    let (table, m4) = (e2m1_table(), _mm256_set1_epi8(0x0f));
+    let halves = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);
+    for r in 0..R {
+        let p = w[r];
+        let v = _mm256_loadu2_m128i(p.add(18) as *const __m128i, p.add(1) as *const __m128i);
+        let wl = _mm256_shuffle_epi8(table, _mm256_and_si256(v, m4));
+        let wh = _mm256_shuffle_epi8(table, _mm256_and_si256(_mm256_srli_epi16::<4>(v), m4));
+        let (ul, uh) = (_mm256_sign_epi8(wl, wl), _mm256_sign_epi8(wh, wh));
+        let e = (e8m0_bits(*p) as u64) | ((e8m0_bits(*p.add(17)) as u64) << 32);
+        let ev = _mm_castsi128_ps(_mm_cvtsi64_si128(e as i64));
+        for t in 0..N {
+            let dot = D::dot_u(ul, _mm256_sign_epi8(lda(q[t], 0), wl));
+            let dot = D::dot_u_acc(dot, uh, _mm256_sign_epi8(lda(q[t], 32), wh));
+            let s = _mm_mul_ps(ev, _mm_castpd_ps(_mm_load_sd(d[t] as *const f64)));
+            let sv = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(s), halves);
+            acc[r][t][0] = _mm256_fmadd_ps(cvt(dot), sv, acc[r][t][0]);
         }
     }
 }
