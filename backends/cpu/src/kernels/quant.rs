@@ -267,7 +267,8 @@ impl<'a> Prepared<'a> {
                 match dtype {
                     DType::Nvfp4 => qdot_i8::nvfp4_order(&mut q),
                     // Per token: whole pairs of blocks only, the last odd block as it is.
-                    DType::Mxfp4 => q.chunks_exact_mut(kp).for_each(|t| qdot_i8::mxfp4_order(&mut t[..kp / 64 * 64])),
+                    DType::Q4K => qdot_i8::quarters_0213(&mut q),
+                    DType::Mxfp4 => q.chunks_exact_mut(kp).for_each(|t| qdot_i8::quarters_0213(&mut t[..kp / 64 * 64])),
                     _ => {}
                 }
                 (q, d)

@@ -433,7 +433,8 @@ unsafe fn q4_0_blk<D: Dot, const R: usize, const N: usize>(
     }
 }
 
-/// Per token, the eight combined scales `d·sc_j·d_j` of a Q4_K/Q5_K block; the min term
+/// Per token, the eight combined scales `d·sc_j·d_j` of a Q4_K/Q5_K block, in registers (a
+/// stored array read back lane by lane waits on store forwarding); the min term
 /// `Σ_j dmin·m_j · S_j` is taken off each token's accumulators here.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -442,19 +443,19 @@ unsafe fn k4_prologue<const N: usize>(
     d: &[*const f32; N],
     a: &[*const f32; N],
     acc: &mut [[__m256; 2]; N],
-) -> [[f32; 8]; N] {
+) -> [__m256; N] {
     let (dd, dmin) = f16x2(p);
     let (sc, mn) = k4_scales(p.add(4));
     let (scd, mv) = (_mm256_mul_ps(sc, _mm256_set1_ps(dd)), _mm256_mul_ps(mn, _mm256_set1_ps(dmin)));
-    let mut s = [[0f32; 8]; N];
+    let mut s = [_mm256_setzero_ps(); N];
     for t in 0..N {
-        _mm256_storeu_ps(s[t].as_mut_ptr(), _mm256_mul_ps(scd, _mm256_loadu_ps(d[t])));
+        s[t] = _mm256_mul_ps(scd, _mm256_loadu_ps(d[t]));
         acc[t][1] = _mm256_fnmadd_ps(mv, _mm256_loadu_ps(a[t]), acc[t][1]);
     }
     s
 }
 
-/// Sub-blocks `2c` (codes `lo`) and `2c + 1` (`hi`) of a Q4_K/Q5_K block against every token,
+/// Sub-blocks `2c` (codes `lo`) and `2c + 1` (`hi`) of a Q5_K block against every token,
 /// scaled by the combined scales `s` of [`k4_prologue`].
 #[inline(always)]
 unsafe fn k4_pair<D: Dot, const N: usize>(
@@ -462,18 +463,36 @@ unsafe fn k4_pair<D: Dot, const N: usize>(
     hi: __m256i,
     c: usize,
     q: &[*const i8; N],
-    s: &[[f32; 8]; N],
+    s: &[__m256; N],
     acc: &mut [[__m256; 2]; N],
 ) {
+    let (jl, jh) = (_mm256_set1_epi32(2 * c as i32), _mm256_set1_epi32(2 * c as i32 + 1));
     for t in 0..N {
         let pl = cvt(D::dot_u(lo, lda(q[t], 64 * c)));
         let ph = cvt(D::dot_u(hi, lda(q[t], 64 * c + 32)));
-        acc[t][0] = _mm256_fmadd_ps(pl, _mm256_set1_ps(s[t][2 * c]), acc[t][0]);
-        acc[t][1] = _mm256_fmadd_ps(ph, _mm256_set1_ps(s[t][2 * c + 1]), acc[t][1]);
+        acc[t][0] = _mm256_fmadd_ps(pl, _mm256_permutevar8x32_ps(s[t], jl), acc[t][0]);
+        acc[t][1] = _mm256_fmadd_ps(ph, _mm256_permutevar8x32_ps(s[t], jh), acc[t][1]);
     }
 }
 
-/// Q4_K: `Σ_j (d·sc_j·d_j)·Σ q·a − Σ_j (dmin·m_j)·S_j` over the 8 sub-blocks of 32.
+/// The order [`q4_k_blk`] and [`mxfp4_pair`] read a token's int8 activations in: in each run
+/// of 64 values the quarters 0, 2, 1, 3. Both types keep values `l` and `l + 32·h` of a
+/// 64-value run (Q4_K: sub-blocks `2c`, `2c + 1`; MXFP4 pairs: the halves of two blocks) in the
+/// two nibbles of one byte, so 16 bytes broadcast to both halves of a register and shifted
+/// per half give the codes of quarters 0 and 2, the next 16 those of quarters 1 and 3.
+pub(crate) fn quarters_0213(q: &mut [i8]) {
+    let mut tmp = [0i8; 16];
+    for c in q.chunks_exact_mut(64) {
+        tmp.copy_from_slice(&c[16..32]);
+        c.copy_within(32..48, 16);
+        c[32..48].copy_from_slice(&tmp);
+    }
+}
+
+/// Q4_K: `Σ_j (d·sc_j·d_j)·Σ q·a − Σ_j (dmin·m_j)·S_j` over the 8 sub-blocks of 32, 64 values
+/// a step: the codes of sub-blocks `2c` and `2c + 1` side by side (activations in
+/// [`quarters_0213`]) add into one i32 vector, lanes 0..4 the first sub-block, 4..8 the second,
+/// so each step converts and scales once.
 #[inline(always)]
 unsafe fn q4_k_blk<D: Dot, const R: usize, const N: usize>(
     w: &[*const u8; R],
@@ -482,16 +501,20 @@ unsafe fn q4_k_blk<D: Dot, const R: usize, const N: usize>(
     a: &[*const f32; N],
     acc: &mut Acc<R, N>,
 ) {
-    let m4 = _mm256_set1_epi8(0x0f);
     for r in 0..R {
         let p = w[r];
         let s = k4_prologue(p, d, a, &mut acc[r]);
         for c in 0..4 {
-            // Bytes 32c + l hold values 64c + l (low nibbles) and 64c + 32 + l (high).
-            let v = _mm256_loadu_si256(p.add(16 + 32 * c) as *const __m256i);
-            let lo = _mm256_and_si256(v, m4);
-            let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(v), m4);
-            k4_pair::<D, N>(lo, hi, c, q, &s, &mut acc[r]);
+            let x0 = nibbles_lo_hi(p.add(16 + 32 * c));
+            let x1 = nibbles_lo_hi(p.add(16 + 32 * c + 16));
+            let j = 2 * c as i32;
+            let pick = _mm256_setr_epi32(j, j, j, j, j + 1, j + 1, j + 1, j + 1);
+            for t in 0..N {
+                let dot = D::dot_u(x0, lda(q[t], 64 * c));
+                let dot = D::dot_u_acc(dot, x1, lda(q[t], 64 * c + 32));
+                let sv = _mm256_permutevar8x32_ps(s[t], pick);
+                acc[r][t][c & 1] = _mm256_fmadd_ps(cvt(dot), sv, acc[r][t][c & 1]);
+            }
         }
     }
 }
@@ -630,19 +653,6 @@ unsafe fn mxfp4_blk<D: Dot, const R: usize, const N: usize>(
     }
 }
 
-/// The order [`mxfp4_pair`] reads a token's int8 activations in: in each run of 64 values (two
-/// blocks) the quarters 0, 2, 1, 3, so that 16 bytes of each block side by side split by one
-/// mask and one shift into both blocks' first 16 values, then both blocks' last 16. A last odd
-/// block keeps its order ([`mxfp4_blk`]).
-pub(crate) fn mxfp4_order(q: &mut [i8]) {
-    let mut tmp = [0i8; 16];
-    for c in q.chunks_exact_mut(64) {
-        tmp.copy_from_slice(&c[16..32]);
-        c.copy_within(32..48, 16);
-        c[32..48].copy_from_slice(&tmp);
-    }
-}
-
 /// `2^e` of an E8M0 code as f32 bits, as [`e8m0_to_f32`] decodes it, in arithmetic only:
 /// code 0 is 2⁻¹²⁷ (bit 22 alone) and 255 a NaN (all exponent bits and bit 22).
 #[inline(always)]
@@ -651,7 +661,7 @@ pub(crate) fn e8m0_bits(code: u8) -> u32 {
 }
 
 /// MXFP4, two blocks a step: the blocks' 16 code bytes side by side give both blocks' low
-/// nibbles and both blocks' high nibbles, against activations in [`mxfp4_order`], added into
+/// nibbles and both blocks' high nibbles, against activations in [`quarters_0213`], added into
 /// one i32 vector whose lanes 0..4 are the first block and 4..8 the second; one conversion and
 /// one multiply-add per two blocks.
 #[inline(always)]
