@@ -660,6 +660,36 @@ pub(crate) fn e8m0_bits(code: u8) -> u32 {
     ((code as u32) << 23) | ((((code == 0) | (code == 255)) as u32) << 22)
 }
 
+/// The E2M1 codes of 32 packed bytes `v` as doubled signed bytes, low nibbles then high
+/// nibbles: `(low, |low|, high, |high|)`, the magnitudes being the unsigned operands.
+#[inline(always)]
+unsafe fn e2m1_nibbles(v: __m256i) -> [__m256i; 4] {
+    let (table, m4) = (e2m1_table(), _mm256_set1_epi8(0x0f));
+    let lo = _mm256_shuffle_epi8(table, _mm256_and_si256(v, m4));
+    let hi = _mm256_shuffle_epi8(table, _mm256_and_si256(_mm256_srli_epi16::<4>(v), m4));
+    [lo, _mm256_sign_epi8(lo, lo), hi, _mm256_sign_epi8(hi, hi)]
+}
+
+/// `Σ lo·a[0..32] + Σ hi·a[32..64]` per i32 lane for the codes of [`e2m1_nibbles`] and 64 int8
+/// activations at `q` (each code's sign moved onto its activation).
+#[inline(always)]
+unsafe fn e2m1_dot<D: Dot>(c: &[__m256i; 4], q: *const i8) -> __m256i {
+    let dot = D::dot_u(c[1], _mm256_sign_epi8(lda(q, 0), c[0]));
+    D::dot_u_acc(dot, c[3], _mm256_sign_epi8(lda(q, 32), c[2]))
+}
+
+/// Lanes 0 and 1 of `v` spread over lanes 0..4 and 4..8.
+#[inline(always)]
+unsafe fn halves(v: __m128) -> __m256 {
+    _mm256_permutevar8x32_ps(_mm256_castps128_ps256(v), _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1))
+}
+
+/// The two f32 at `p` (any alignment) as [`halves`].
+#[inline(always)]
+unsafe fn halves_at(p: *const f32) -> __m256 {
+    halves(_mm_castsi128_ps(_mm_loadl_epi64(p as *const __m128i)))
+}
+
 /// MXFP4, two blocks a step: the blocks' 16 code bytes side by side give both blocks' low
 /// nibbles and both blocks' high nibbles, against activations in [`quarters_0213`], added into
 /// one i32 vector whose lanes 0..4 are the first block and 4..8 the second; one conversion and
@@ -672,22 +702,15 @@ unsafe fn mxfp4_pair<D: Dot, const R: usize, const N: usize>(
     _a: &[*const f32; N],
     acc: &mut Acc<R, N>,
 ) {
-    let (table, m4) = (e2m1_table(), _mm256_set1_epi8(0x0f));
-    let halves = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);
     for r in 0..R {
         let p = w[r];
-        let v = _mm256_loadu2_m128i(p.add(18) as *const __m128i, p.add(1) as *const __m128i);
-        let wl = _mm256_shuffle_epi8(table, _mm256_and_si256(v, m4));
-        let wh = _mm256_shuffle_epi8(table, _mm256_and_si256(_mm256_srli_epi16::<4>(v), m4));
-        let (ul, uh) = (_mm256_sign_epi8(wl, wl), _mm256_sign_epi8(wh, wh));
+        let codes = e2m1_nibbles(_mm256_loadu2_m128i(p.add(18) as *const __m128i, p.add(1) as *const __m128i));
         let e = (e8m0_bits(*p) as u64) | ((e8m0_bits(*p.add(17)) as u64) << 32);
-        let ev = _mm_castsi128_ps(_mm_cvtsi64_si128(e as i64));
+        // The two blocks' scales `2^e` in lanes 0..4 and 4..8.
+        let ev = halves(_mm_castsi128_ps(_mm_cvtsi64_si128(e as i64)));
         for t in 0..N {
-            let dot = D::dot_u(ul, _mm256_sign_epi8(lda(q[t], 0), wl));
-            let dot = D::dot_u_acc(dot, uh, _mm256_sign_epi8(lda(q[t], 32), wh));
-            let s = _mm_mul_ps(ev, _mm_castpd_ps(_mm_load_sd(d[t] as *const f64)));
-            let sv = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(s), halves);
-            acc[r][t][0] = _mm256_fmadd_ps(cvt(dot), sv, acc[r][t][0]);
+            let dot = e2m1_dot::<D>(&codes, q[t]);
+            acc[r][t][0] = _mm256_fmadd_ps(cvt(dot), _mm256_mul_ps(ev, halves_at(d[t])), acc[r][t][0]);
         }
     }
 }
@@ -750,27 +773,20 @@ unsafe fn nvfp4_blk<D: Dot, const R: usize, const N: usize>(
     _a: &[*const f32; N],
     acc: &mut Acc<R, N>,
 ) {
-    let (table, m4) = (e2m1_table(), _mm256_set1_epi8(0x0f));
-    // Lanes 0..4 take activation scale 2c, lanes 4..8 scale 2c + 1.
-    let halves = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);
     for r in 0..R {
         let p = w[r];
         let gs = nvfp4_scales(p.add(4), (p as *const f32).read_unaligned());
         for c in 0..4 {
-            let v = _mm256_loadu_si256(p.add(20 + 32 * c) as *const __m256i);
-            let we = _mm256_shuffle_epi8(table, _mm256_and_si256(v, m4));
-            let wo = _mm256_shuffle_epi8(table, _mm256_and_si256(_mm256_srli_epi16::<4>(v), m4));
-            let (ue, uo) = (_mm256_sign_epi8(we, we), _mm256_sign_epi8(wo, wo));
+            let codes = e2m1_nibbles(_mm256_loadu_si256(p.add(20 + 32 * c) as *const __m256i));
             // Groups 4c .. 4c + 4, each over two lanes.
             let b = (4 * (c % 2)) as i32;
             let pick = _mm256_setr_epi32(b, b, b + 1, b + 1, b + 2, b + 2, b + 3, b + 3);
             let sv = _mm256_permutevar8x32_ps(gs[c / 2], pick);
             for t in 0..N {
-                let dot = D::dot_u(ue, _mm256_sign_epi8(lda(q[t], 64 * c), we));
-                let dot = D::dot_u_acc(dot, uo, _mm256_sign_epi8(lda(q[t], 64 * c + 32), wo));
-                let dv = _mm256_castpd_ps(_mm256_broadcast_sd(&*(d[t].add(2 * c) as *const f64)));
-                let dv = _mm256_permutevar8x32_ps(dv, halves);
-                acc[r][t][c & 1] = _mm256_fmadd_ps(cvt(dot), _mm256_mul_ps(sv, dv), acc[r][t][c & 1]);
+                // Lanes 0..4 take activation scale 2c, lanes 4..8 scale 2c + 1.
+                let dot = e2m1_dot::<D>(&codes, q[t].add(64 * c));
+                let scale = _mm256_mul_ps(sv, halves_at(d[t].add(2 * c)));
+                acc[r][t][c & 1] = _mm256_fmadd_ps(cvt(dot), scale, acc[r][t][c & 1]);
             }
         }
     }
