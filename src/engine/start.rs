@@ -108,13 +108,14 @@ pub(super) async fn spawn(
     let kv_dtype = if cfg.v4.is_some() {
         // DeepSeek-V4's attention reads its state on the host, in f32.
         ft_backend::DType::F32
-    } else if let Some(wanted) = kv_type_for(&model, config.kv_dtype)
-        .filter(|d| backend.supports_store(*d) && backend.supports(ft_backend::Op::Attention, *d))
-    {
-        wanted
     } else {
-        tracing::warn!("the {} backend cannot keep a {} KV cache: using f32", backend.kind(), config.kv_dtype);
-        ft_backend::DType::F32
+        let wanted = kv_type_for(&model, config.kv_dtype);
+        if backend.supports_store(wanted) && backend.supports(ft_backend::Op::Attention, wanted) {
+            wanted
+        } else {
+            tracing::warn!("the {} backend cannot keep a {wanted} KV cache: using f32", backend.kind());
+            ft_backend::DType::F32
+        }
     };
     st.kv_bytes_per_token = crate::kv::SequenceState::bytes_per_token_as(&model, kv_dtype) as u64;
     let context = config.ctx_size.unwrap_or(cfg.max_position_embeddings).max(1);
@@ -254,12 +255,12 @@ pub(super) async fn spawn(
 
 /// The KV cache type to try for `model`: the one asked for, or f16 where a block type does
 /// not fit its heads (with a warning).
-fn kv_type_for(model: &Model, wanted: ft_backend::DType) -> Option<ft_backend::DType> {
+fn kv_type_for(model: &Model, wanted: ft_backend::DType) -> ft_backend::DType {
     match crate::kv::PagePool::unfit(model, wanted) {
         Some(why) => {
             tracing::warn!("{why}: using f16");
-            Some(ft_backend::DType::F16)
+            ft_backend::DType::F16
         }
-        None => Some(wanted),
+        None => wanted,
     }
 }

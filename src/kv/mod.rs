@@ -70,12 +70,7 @@ impl SeqPages {
     }
 
     fn release_all(&mut self) {
-        let mut pool = pages::lock(&self.pool);
-        // Last page first: the free list hands pages out last in, first out, so the next
-        // sequence gets these in their order again, one contiguous run for attention to read.
-        for p in self.table.drain(..).rev() {
-            pool.release(p);
-        }
+        pages::lock(&self.pool).release_table(&mut self.table);
     }
 }
 

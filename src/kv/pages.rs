@@ -216,6 +216,15 @@ impl PagePool {
         }
     }
 
+    /// Lets go of every page of `table`, emptying it: last page first, since the free list
+    /// hands pages out last in, first out, so the next sequence gets them in their order again,
+    /// one contiguous run for attention to read.
+    pub fn release_table(&mut self, table: &mut Vec<u32>) {
+        for p in table.drain(..).rev() {
+            self.release(p);
+        }
+    }
+
     /// Holders of `page`.
     pub fn holders(&self, page: u32) -> u32 {
         self.refs.get(page as usize).copied().unwrap_or(0)

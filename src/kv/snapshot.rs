@@ -59,11 +59,7 @@ enum Paged {
 impl Drop for StateSnapshot {
     fn drop(&mut self) {
         if let Some(Paged::Shared { pool, table }) = &mut self.pages {
-            let mut pool = pages::lock(pool);
-            // Last page first, as a sequence gives its pages back.
-            for p in table.drain(..).rev() {
-                pool.release(p);
-            }
+            pages::lock(pool).release_table(table);
         }
     }
 }
@@ -115,9 +111,7 @@ impl StateSnapshot {
             let mut p = pages::lock(pool);
             let rows = p.read_rows(table, self.len)?;
             let dtype = p.dtype();
-            for page in table.drain(..).rev() {
-                p.release(page);
-            }
+            p.release_table(table);
             drop(p);
             self.pages = Some(Paged::Host(rows, dtype));
         }

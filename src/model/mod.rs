@@ -228,12 +228,8 @@ impl Model {
         if be.supports_attention(desc, k_pool.dtype()) {
             return Ok(be.attention_paged(q, k_pool, v_pool, pages, sinks, out, desc)?);
         }
-        let k = ft_backend::gather_pages(be, k_pool, pages, desc.kv_len, desc.n_kv_heads * desc.head_dim)?;
-        if std::ptr::eq(k_pool, v_pool) && desc.v_head_dim == desc.head_dim {
-            return self.attend(q, &k, &k, sinks, out, desc);
-        }
-        let v = ft_backend::gather_pages(be, v_pool, pages, desc.kv_len, desc.n_kv_heads * desc.v_head_dim)?;
-        self.attend(q, &k, &v, sinks, out, desc)
+        let (k, v) = ft_backend::gather_kv_pages(be, k_pool, v_pool, pages, desc)?;
+        self.attend(q, &k, v.as_ref().unwrap_or(&k), sinks, out, desc)
     }
 
     /// The CPU backend that runs what the device has no kernel for.

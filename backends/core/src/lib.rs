@@ -156,7 +156,7 @@ pub trait Backend: Send + Sync {
     /// [`Backend::attention`] over a paged cache: `k_pool` and `v_pool` (the same buffer for
     /// a latent cache) hold the rows of many sequences in pages and `pages` says which are
     /// this sequence's, `[pool rows, n_kv_heads, head_dim]`. The default gathers the
-    /// sequence's rows into contiguous buffers with [`Backend::copy`] ([`gather_pages`]) and
+    /// sequence's rows into contiguous buffers with [`Backend::copy`] ([`gather_kv_pages`]) and
     /// runs [`Backend::attention`]; a backend that reads pages in place overrides it.
     #[allow(clippy::too_many_arguments)]
     fn attention_paged(
@@ -169,12 +169,8 @@ pub trait Backend: Send + Sync {
         out: &mut DeviceBuffer,
         desc: &AttentionDesc,
     ) -> Result<()> {
-        let k = gather_pages(self, k_pool, pages, desc.kv_len, desc.n_kv_heads * desc.head_dim)?;
-        if std::ptr::eq(k_pool, v_pool) && desc.v_head_dim == desc.head_dim {
-            return self.attention(q, &k, &k, sinks, out, desc);
-        }
-        let v = gather_pages(self, v_pool, pages, desc.kv_len, desc.n_kv_heads * desc.v_head_dim)?;
-        self.attention(q, &k, &v, sinks, out, desc)
+        let (k, v) = gather_kv_pages(self, k_pool, v_pool, pages, desc)?;
+        self.attention(q, &k, v.as_ref().unwrap_or(&k), sinks, out, desc)
     }
     /// Element-wise `a = op(a, b)` over `n` elements (residual add, SwiGLU, gating).
     fn binary(&self, op: BinaryOp, a: &mut DeviceBuffer, b: &DeviceBuffer, n: usize) -> Result<()>;
@@ -225,6 +221,24 @@ pub trait Backend: Send + Sync {
         let _ = (inputs, state, out, desc);
         Err(BackendError::Unsupported { backend: self.kind().to_string(), op: Op::GatedDeltaRule, dtype: DType::F32 })
     }
+}
+
+/// A sequence's keys and values gathered out of their pools into contiguous buffers for
+/// [`Backend::attention`]: the values are `None` where they are the keys (a latent cache, one
+/// pool read as both).
+pub fn gather_kv_pages<B: Backend + ?Sized>(
+    be: &B,
+    k_pool: &DeviceBuffer,
+    v_pool: &DeviceBuffer,
+    pages: &KvPages<'_>,
+    desc: &AttentionDesc,
+) -> Result<(DeviceBuffer, Option<DeviceBuffer>)> {
+    let k = gather_pages(be, k_pool, pages, desc.kv_len, desc.n_kv_heads * desc.head_dim)?;
+    if std::ptr::eq(k_pool, v_pool) && desc.v_head_dim == desc.head_dim {
+        return Ok((k, None));
+    }
+    let v = gather_pages(be, v_pool, pages, desc.kv_len, desc.n_kv_heads * desc.v_head_dim)?;
+    Ok((k, Some(v)))
 }
 
 /// The first `rows` logical rows of a paged `pool` (`width` values a row) as one contiguous

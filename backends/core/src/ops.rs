@@ -247,13 +247,8 @@ impl KvPages<'_> {
     /// row, pool row, rows)`; neighbouring pages that are neighbours in the pool make one run.
     /// An error when the table does not reach `end` or the pages are zero rows.
     pub fn runs(&self, start: usize, end: usize) -> crate::Result<Vec<(usize, usize, usize)>> {
+        self.check(end)?;
         let p = self.page_rows;
-        if p == 0 || end.div_ceil(p) > self.table.len() {
-            return Err(crate::BackendError::Shape(format!(
-                "a page table of {} pages of {p} rows does not reach row {end}",
-                self.table.len()
-            )));
-        }
         let mut runs: Vec<(usize, usize, usize)> = Vec::new();
         let mut j = start;
         while j < end {
@@ -271,6 +266,31 @@ impl KvPages<'_> {
     /// Pool rows a buffer must have for every page of the table.
     pub fn pool_rows(&self) -> usize {
         self.table.iter().max().map_or(0, |&m| (m as usize + 1) * self.page_rows)
+    }
+
+    /// An error unless the table reaches row `end` with pages of at least one row.
+    pub fn check(&self, end: usize) -> crate::Result<()> {
+        let p = self.page_rows;
+        if p == 0 || end.div_ceil(p) > self.table.len() {
+            return Err(crate::BackendError::Shape(format!(
+                "a page table of {} pages of {p} rows does not reach row {end}",
+                self.table.len()
+            )));
+        }
+        Ok(())
+    }
+
+    /// Rows an attention kernel's cache buffers must hold for `kv_len` rows of a sequence:
+    /// `kv_len` for a contiguous cache, every row of the pages for a paged one (whose table
+    /// must reach `kv_len`).
+    pub fn cache_rows(pages: Option<&Self>, kv_len: usize) -> crate::Result<usize> {
+        match pages {
+            Some(p) => {
+                p.check(kv_len)?;
+                Ok(p.pool_rows())
+            }
+            None => Ok(kv_len),
+        }
     }
 }
 

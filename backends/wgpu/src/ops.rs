@@ -209,15 +209,8 @@ impl WgpuBackend {
             return Err(BackendError::Unsupported { backend: "wgpu".into(), op: Op::Attention, dtype: k.dtype() });
         }
         let rows = need(d.n_tokens, d.n_heads, "attention")?;
-        // Cache rows read: the sequence's, or every page its table names.
-        let cache_rows = match pages {
-            Some(pg) => {
-                pg.runs(0, d.kv_len)?;
-                u32_of(pg.page_rows, "attention page rows")?;
-                pg.pool_rows()
-            }
-            None => d.kv_len,
-        };
+        let cache_rows = KvPages::cache_rows(pages, d.kv_len)?;
+        let page_rows = u32_of(pages.map_or(0, |pg| pg.page_rows), "attention page rows")?;
         let qs = self.window(q, 0, need(rows, d.head_dim, "attention q")?, "attention q")?;
         let ks = self.window(
             k,
@@ -267,7 +260,7 @@ impl WgpuBackend {
             sinks.is_some() as u32,
             ks.base,
             vs.base,
-            pages.map_or(0, |pg| pg.page_rows as u32),
+            page_rows,
         ];
         let sink_bind = ss.map_or(qs.bind, |s| s.bind);
         // Without pages the shader still declares the table; any buffer satisfies it.

@@ -1,6 +1,7 @@
 //! Causal attention of new queries against a KV cache (GQA, sliding window, learned sinks).
 
 use super::elementwise::{axpy_row, exp_sub_sum, max};
+use super::quant::decode_row;
 use super::{gemv::block, need, shape_err, SimdLevel};
 use ft_backend::{AttentionDesc, DType, KvPages, Result};
 use rayon::prelude::*;
@@ -56,10 +57,11 @@ pub fn attention(
     let rows_q = need(d.n_tokens, d.n_heads, "query rows")?;
     // The sequence's rows as runs contiguous in the cache (one for a contiguous cache), made
     // once for every (token, head) pair; and the rows the caches must hold.
-    let (runs, cache_rows) = match pages {
-        Some(p) => (p.runs(0, d.kv_len)?, p.pool_rows()),
-        None => (vec![(0, 0, d.kv_len)], d.kv_len),
+    let runs = match pages {
+        Some(p) => p.runs(0, d.kv_len)?,
+        None => vec![(0, 0, d.kv_len)],
     };
+    let cache_rows = KvPages::cache_rows(pages, d.kv_len)?;
     // A block-quantized cache (Q8_0) keeps every head's row in whole blocks.
     for (c, dim) in [(k, d.head_dim), (v, d.v_head_dim)] {
         if !dim.is_multiple_of(c.dtype.block_elems()) {
@@ -166,7 +168,7 @@ fn pair(
     for (j, r, n) in runs.clone() {
         let k_rows = &k.bytes[k.dtype.row_bytes(r * k_stride + kvh * hd)..];
         if k.dtype.is_quantized() {
-            blocks_scores(q_rows, group, hd, k_rows, k.dtype, k.dtype.row_bytes(k_stride), n, &mut scores[j - start..], len);
+            blocks_scores(level, q_rows, group, hd, k_rows, k.dtype, k.dtype.row_bytes(k_stride), n, &mut scores[j - start..], len);
             continue;
         }
         block(
@@ -206,22 +208,14 @@ fn pair(
 /// [`block`] for a block-quantized cache: `scores[g * ld + i] = q_g · k_row(i)` for `n` rows
 /// of `hd` values, row `i` at byte `i * row_bytes`; each row decoded once for all heads.
 #[allow(clippy::too_many_arguments)]
-fn blocks_scores(q: &[f32], heads: usize, hd: usize, k: &[u8], dtype: DType, row_bytes: usize, n: usize, scores: &mut [f32], ld: usize) {
+fn blocks_scores(level: SimdLevel, q: &[f32], heads: usize, hd: usize, k: &[u8], dtype: DType, row_bytes: usize, n: usize, scores: &mut [f32], ld: usize) {
     let mut row = vec![0f32; hd];
     for i in 0..n {
-        decode_row(&k[i * row_bytes..], dtype, &mut row);
+        decode_row(level, &k[i * row_bytes..], dtype, &mut row);
         for g in 0..heads {
             let qg = &q[g * hd..][..hd];
             scores[g * ld + i] = qg.iter().zip(&row).map(|(a, b)| a * b).sum();
         }
-    }
-}
-
-/// Decodes `out.len()` values (whole blocks of `dtype`) from `src`.
-fn decode_row(src: &[u8], dtype: DType, out: &mut [f32]) {
-    let (be, bs) = (dtype.block_elems(), dtype.size());
-    for (b, o) in out.chunks_exact_mut(be).enumerate() {
-        ft_backend::quant::decode_block(dtype, &src[b * bs..][..bs], o);
     }
 }
 
@@ -278,7 +272,7 @@ fn weighted_values(level: SimdLevel, a: &PvRows<'_>, out: &mut [f32]) -> Result<
         let mut row = vec![0f32; vhd];
         let row_bytes = dtype.row_bytes(v_stride);
         for j in 0..len {
-            decode_row(&v[j * row_bytes..], dtype, &mut row);
+            decode_row(level, &v[j * row_bytes..], dtype, &mut row);
             for (g, og) in out.chunks_exact_mut(vhd).take(heads).enumerate() {
                 let w = p[g * ps + j];
                 og.iter_mut().zip(&row).for_each(|(o, x)| *o += w * x);

@@ -264,10 +264,11 @@ impl<'a> Prepared<'a> {
                         )
                     };
                 }
+                // The activation order of the kernels that pair scale groups in one register.
                 match dtype {
                     DType::Nvfp4 => qdot_i8::nvfp4_order(&mut q),
-                    // Per token: whole pairs of blocks only, the last odd block as it is.
                     DType::Q4K => qdot_i8::quarters_0213(&mut q),
+                    // Per token: whole pairs of blocks only, the last odd block as it is.
                     DType::Mxfp4 => q.chunks_exact_mut(kp).for_each(|t| qdot_i8::quarters_0213(&mut t[..kp / 64 * 64])),
                     _ => {}
                 }

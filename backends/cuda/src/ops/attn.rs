@@ -46,14 +46,7 @@ pub(crate) fn attention(
     }
     expect(v_cache, k_cache.dtype(), "attention v cache")?;
     let rows_q = need(d.n_tokens, d.n_heads, "query rows")?;
-    // Cache rows read: the sequence's, or every page its table names.
-    let cache_rows = match pages {
-        Some(pg) => {
-            pg.runs(0, d.kv_len)?;
-            pg.pool_rows()
-        }
-        None => d.kv_len,
-    };
+    let cache_rows = KvPages::cache_rows(pages, d.kv_len)?;
     let kv_rows = need(cache_rows, d.n_kv_heads, "kv rows")?;
     let qp = f32_at(q, 0, need(rows_q, d.head_dim, "query values")?, "attention q")?;
     let kp = ptr_at(k_cache, 0, need(kv_rows, d.head_dim, "k values")?, "attention k cache")?;
