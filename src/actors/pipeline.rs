@@ -3,7 +3,9 @@
 //!
 //! Decode path, per MoE layer: ask the router for a plan (hits / fetches / CPU), send the CPU
 //! jobs and the fetches off first, compute the hits on the device while they run, then the
-//! fetched experts as their copies land, then add the CPU partial outputs. Every routed
+//! fetched experts as their copies land, then add the CPU partial outputs. In the CPU mode
+//! there is nothing to plan (every expert is a CPU job): the router is only told which
+//! experts were routed, and the layer does not wait for it. Every routed
 //! expert is computed exactly once, so the sum is the same as the reference pass.
 //! Streaming path (prefill): the whole next MoE layer is copied into the other layer buffer
 //! while this one computes.
@@ -20,7 +22,7 @@ use crate::model::fault::PipelineFault;
 use crate::model::weights::ExpertWeights;
 use crate::model::routing::Routing;
 use crate::model::{Model, ModelError};
-use crate::policy::{ExpertKey, Lease, SlotId};
+use crate::policy::{ExpertKey, Lease, ResolvedMode, SlotId};
 use ft_backend::{Backend, BufferUsage, DType, DeviceBuffer, StreamId};
 use ractor::ActorRef;
 use std::collections::HashMap;
@@ -136,6 +138,8 @@ pub struct PipelineExperts<'a> {
     pub stats: &'a mut RunStats,
     /// The first MoE layer (marks a new step for the router's usage counts).
     pub first_moe_layer: usize,
+    /// The miss policy in effect (the device stream sets it, and tells the router).
+    pub mode: ResolvedMode,
 }
 
 impl ExpertRunner for PipelineExperts<'_> {
@@ -156,13 +160,20 @@ impl PipelineExperts<'_> {
         let groups = routing.by_expert();
         let by_id: HashMap<u32, usize> = groups.iter().enumerate().map(|(i, g)| (g.0, i)).collect();
         let t0 = Instant::now();
-        let (tx, rx) = oneshot::channel();
-        let experts = groups.iter().map(|(e, rows, _)| (*e, rows.len())).collect();
-        self.links
-            .router
-            .cast(RouterMsg::Plan { layer: layer as u16, experts, new_step: layer == self.first_moe_layer, reply: tx.into() })
-            .map_err(err)?;
-        let plan: LayerPlan = blocking_reply(rx, "router")?;
+        let new_step = layer == self.first_moe_layer;
+        let plan = if self.mode == ResolvedMode::Cpu {
+            // Nothing to lease or fetch: every expert goes to the CPU executors, in routing
+            // order (so the sum of their outputs does not depend on earlier requests). The
+            // router only counts them, and nobody waits for it.
+            let experts: Vec<u32> = groups.iter().map(|(e, _, _)| *e).collect();
+            self.links.router.cast(RouterMsg::Record { layer: layer as u16, experts: experts.clone(), new_step }).map_err(err)?;
+            LayerPlan { cpu: experts, ..Default::default() }
+        } else {
+            let (tx, rx) = oneshot::channel();
+            let experts = groups.iter().map(|(e, rows, _)| (*e, rows.len())).collect();
+            self.links.router.cast(RouterMsg::Plan { layer: layer as u16, experts, new_step, reply: tx.into() }).map_err(err)?;
+            blocking_reply(rx, "router")?
+        };
         self.stats.messaging_s += t0.elapsed().as_secs_f64();
         let mut st = LayerStats { hits: plan.hits.len() as u64, misses: (plan.fetch.len() + plan.cpu.len()) as u64, ..Default::default() };
 

@@ -21,6 +21,10 @@ pub enum RouterMsg {
     /// Plan `experts` (expert id, tokens routed to it) of `layer`; `new_step` marks the
     /// first MoE layer of a forward step.
     Plan { layer: u16, experts: Vec<(u32, usize)>, new_step: bool, reply: RpcReplyPort<LayerPlan> },
+    /// Count `experts` of `layer` as routed, with no plan asked for: in [`ResolvedMode::Cpu`]
+    /// every expert runs on the CPU executors, so the device stream plans the layer itself
+    /// and only keeps the popularity signal current (for when a resize brings the cache in).
+    Record { layer: u16, experts: Vec<u32>, new_step: bool },
     /// Switch the miss policy (after a resize changed what is possible).
     SetMode(ResolvedMode),
 }
@@ -59,6 +63,13 @@ impl Actor for Router {
                 st.args.mode = m;
                 return Ok(());
             }
+            RouterMsg::Record { layer, experts, new_step } => {
+                if new_step {
+                    st.usage.end_step();
+                }
+                st.usage.record(experts.iter().map(|&e| ExpertKey::new(layer, e)));
+                return Ok(());
+            }
             RouterMsg::Plan { layer, experts, new_step, reply } => (layer, experts, new_step, reply),
         };
         if new_step {
@@ -95,5 +106,36 @@ impl Actor for Router {
         }
         let _ = reply.send(plan);
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::actors::cache::CacheManager;
+    use ractor::Actor;
+
+    async fn plan(router: &ActorRef<RouterMsg>, layer: u16, experts: &[u32], new_step: bool) -> LayerPlan {
+        let experts = experts.iter().map(|&e| (e, 1)).collect();
+        router.call(|reply| RouterMsg::Plan { layer, experts, new_step, reply }, None).await.unwrap().unwrap()
+    }
+
+    /// Experts recorded while every expert ran on the CPU count as routed: once the cache
+    /// comes in, the one slot goes to the expert the CPU-mode steps used most.
+    #[test]
+    fn recorded_experts_rank_first_when_the_cache_comes_in() {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(async {
+            let (cache, _) = Actor::spawn(None, CacheManager, 1).await.unwrap();
+            let costs = SplitCosts::new(1 << 20, 10e9, 20e9);
+            let (router, _) = Actor::spawn(None, Router, RouterArgs { cache, mode: ResolvedMode::Cpu, costs }).await.unwrap();
+            for step in 0..3 {
+                router.cast(RouterMsg::Record { layer: 0, experts: vec![5, 9], new_step: step > 0 }).unwrap();
+            }
+            router.cast(RouterMsg::SetMode(ResolvedMode::Offload)).unwrap();
+            let p = plan(&router, 0, &[2, 5], true).await;
+            let fetched: Vec<u32> = p.fetch.iter().map(|(e, _)| *e).collect();
+            assert_eq!((fetched, p.cpu.clone(), p.hits.len()), (vec![5], vec![2], 0));
+        });
     }
 }

@@ -24,7 +24,7 @@ impl Worker {
             model.forward_batch(items, None, &mut runner)
         } else {
             let first_moe_layer = self.moe_layers.first().copied().unwrap_or(0);
-            let mut runner = PipelineExperts { links: &self.args.links, stats: &mut self.run, first_moe_layer };
+            let mut runner = PipelineExperts { links: &self.args.links, stats: &mut self.run, first_moe_layer, mode: self.args.mode };
             model.forward_batch(items, None, &mut runner)
         }
     }
