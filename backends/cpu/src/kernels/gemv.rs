@@ -115,25 +115,6 @@ pub fn matmul(
         }
         return split_rows(pool, n, m, rb, out, run);
     }
-    if n > MAX_FUSED_TOKENS && fp8_in_groups(level, dot, dtype) {
-        let w = checked(w)?;
-        if x.len() < need(n, k, "n·k")? {
-            return Err(shape_err(format!("matmul of {n} tokens × k={k}: x holds {} values", x.len())));
-        }
-        let rb = dtype.row_bytes(k);
-        for g0 in (0..n).step_by(MAX_FUSED_TOKENS) {
-            let cnt = MAX_FUSED_TOKENS.min(n - g0);
-            let prep = Prepared::new(level, dot, &x[g0 * k..(g0 + cnt) * k], k, cnt, k, dtype)?
-                .ok_or_else(|| shape_err("the FP8 kernel refused a group of tokens"))?;
-            let og = &mut out[g0 * m..(g0 + cnt) * m];
-            if serial {
-                prep.run(w, m, og, m)?;
-            } else {
-                split_rows(pool, cnt, m, rb, og, |r, o| prep.run(&w[r.start * rb..], r.len(), o, r.len()))?;
-            }
-        }
-        return Ok(());
-    }
     if dtype.is_quantized() {
         // Padding, sub-block sums and int8 codes are made once, not once per row chunk.
         if let Some(prep) = Prepared::new(level, dot, x, k, n, k, dtype)? {
@@ -161,28 +142,6 @@ pub fn matmul(
     split_rows(pool, n, m, row_bytes, out, |r, o| matmul_rows(level, x, n, k, w, dtype, r, o))
 }
 
-/// Most tokens one pass of the fused quantized kernels takes.
-#[cfg(target_arch = "x86_64")]
-const MAX_FUSED_TOKENS: usize = super::x86::qdot::MAX_TOKENS;
-#[cfg(not(target_arch = "x86_64"))]
-const MAX_FUSED_TOKENS: usize = 4;
-
-/// Whether an FP8 product of any token count runs its decode kernel with bf16 activations,
-/// [`MAX_FUSED_TOKENS`] tokens at a time (int8 mode, a CPU with AVX-512 BF16 and VBMI): a
-/// token's products are then the same alone and in any batch or prefill chunk, and a
-/// prefill runs faster than the exact f32 tiles it would take otherwise.
-fn fp8_in_groups(level: SimdLevel, dot: QuantDot, dtype: DType) -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        dtype == DType::F8E4M3 && dot == QuantDot::Int8 && level.effective() == SimdLevel::Avx512 && super::x86::fp8_bf16::available()
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        let _ = (level, dot, dtype);
-        false
-    }
-}
-
 /// The `m` rows of `w` after checking that they and the `[n, m]` output are there: checked
 /// once, so that the per-chunk kernels taking row ranges cannot fail half-way through.
 fn whole_rows(w: &[u8], out_len: usize, n: usize, m: usize, k: usize, dtype: DType) -> Result<&[u8]> {
@@ -203,12 +162,16 @@ fn whole_rows(w: &[u8], out_len: usize, n: usize, m: usize, k: usize, dtype: DTy
 /// in a batch. Quantized weights keep their int8 kernels up to 4 tokens; beyond, their rows are
 /// dequantized and rounded to bf16 (no coarser than the int8 activations the mode already
 /// accepts), where the f32 tiles ran at half the rate. FP8 is not rounded here: it meets bf16
-/// activations in its own kernel at every token count ([`fp8_in_groups`]), or stays exact.
+/// activations in its own kernel at every token count ([`super::quant::in_groups`]), or stays
+/// exact; the types that run their int8 kernels at every token count skip the tiles too.
 fn bf16_activations(level: SimdLevel, dot: QuantDot, x: &[f32], n: usize, k: usize, dtype: DType) -> Result<Option<Vec<u16>>> {
     #[cfg(target_arch = "x86_64")]
     {
         use super::x86::dpbf16;
-        let quantized_prefill = dtype.is_quantized() && dtype != DType::F8E4M3 && n > super::x86::qdot::MAX_TOKENS;
+        let quantized_prefill = dtype.is_quantized()
+            && dtype != DType::F8E4M3
+            && n > super::x86::qdot::MAX_TOKENS
+            && !super::quant::in_groups(level, dot, dtype);
         if n > 0 && dot == QuantDot::Int8 && (dtype == DType::BF16 || quantized_prefill) && level.effective() == SimdLevel::Avx512 && dpbf16::available() {
             let len = need(n, k, "n·k")?;
             let x = x.get(..len).ok_or_else(|| shape_err(format!("matmul of {n} tokens × k={k}: x holds {} values", x.len())))?;

@@ -195,6 +195,42 @@ fn pool_split_matches_single_thread() {
     }
 }
 
+/// A prefill of a type that runs its fused kernel a few tokens at a time gives every token
+/// the products it gets alone, bit for bit (pool split, ragged last group), and stays within
+/// the int8 error of the exact product.
+#[test]
+fn grouped_prefill_equals_each_token_alone() {
+    let pool = rayon::ThreadPoolBuilder::new().num_threads(3).build().expect("pool");
+    let mut rng = Rng::new(0x9a7);
+    let grouped: Vec<DType> = DType::QUANTIZED.into_iter().filter(|&d| in_groups(SimdLevel::Auto, QuantDot::Int8, d)).collect();
+    if grouped.is_empty() {
+        println!("skipped: this CPU runs no type's fused kernels in groups (needs AVX-512)");
+        return;
+    }
+    for dtype in grouped {
+        let (k, m) = (4 * dtype.block_elems(), 200);
+        let (raw, _) = weights(dtype, m, k, &mut rng);
+        for n in [5usize, 9, 14] {
+            let x = rng.vec(n * k, 1.0);
+            let mut together = vec![0f32; n * m];
+            super::super::matmul(&pool, SimdLevel::Auto, QuantDot::Int8, &x, n, k, &raw, dtype, m, &mut together).expect("matmul");
+            let mut exact = vec![0f32; n * m];
+            super::super::matmul(&pool, SimdLevel::Auto, QuantDot::Exact, &x, n, k, &raw, dtype, m, &mut exact).expect("matmul");
+            for t in 0..n {
+                let mut alone = vec![0f32; m];
+                super::super::matmul(&pool, SimdLevel::Auto, QuantDot::Int8, &x[t * k..][..k], 1, k, &raw, dtype, m, &mut alone)
+                    .expect("matmul");
+                let row = &together[t * m..][..m];
+                assert!(row.iter().zip(&alone).all(|(a, b)| a.to_bits() == b.to_bits()), "{dtype} n={n} t={t}: differs from alone");
+                let scale = exact[t * m..][..m].iter().fold(0f32, |a, v| a.max(v.abs())).max(1e-6);
+                for (g, e) in row.iter().zip(&exact[t * m..][..m]) {
+                    assert!((g - e).abs() <= 2e-2 * scale, "{dtype} n={n} t={t}: {g} vs exact {e}");
+                }
+            }
+        }
+    }
+}
+
 /// Bad shapes are errors, never out-of-bounds reads: short weights, short activations, a
 /// short output.
 #[test]
