@@ -47,7 +47,7 @@ unsafe fn tile_tr<const T: usize, const R: usize, const D: u8>(a: Tile) {
             let wp = a.w.add(r * a.wsb + p * es);
             if a.prefetch {
                 // See the AVX-512 kernels: hardware prefetch alone under-uses the memory bus.
-                _mm_prefetch::<_MM_HINT_T0>(wp.wrapping_add(1024) as *const i8);
+                super::prefetch(wp.wrapping_add(1024) as *const u8);
             }
             *v = load::<D>(wp);
         }

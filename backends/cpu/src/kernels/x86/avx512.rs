@@ -76,7 +76,7 @@ unsafe fn gemv_row<const D: u8>(a: Tile) {
     while p + 32 <= a.k {
         let wp = a.w.add(p * es);
         if a.prefetch {
-            _mm_prefetch::<_MM_HINT_T0>(wp.wrapping_add(PF) as *const i8);
+            super::prefetch(wp.wrapping_add(PF) as *const u8);
         }
         acc0 = _mm512_fmadd_ps(_mm512_loadu_ps(a.x.add(p)), load::<D>(wp), acc0);
         acc1 = _mm512_fmadd_ps(_mm512_loadu_ps(a.x.add(p + 16)), load::<D>(wp.add(16 * es)), acc1);
@@ -101,7 +101,7 @@ unsafe fn tile_tr<const T: usize, const R: usize, const D: u8>(a: Tile) {
         for (r, v) in wv.iter_mut().enumerate() {
             let wp = a.w.add(r * a.wsb + p * es);
             if a.prefetch {
-                _mm_prefetch::<_MM_HINT_T0>(wp.wrapping_add(prefetch_offset::<R>(a.wsb, p * es)) as *const i8);
+                super::prefetch(wp.wrapping_add(prefetch_offset::<R>(a.wsb, p * es)) as *const u8);
             }
             *v = load::<D>(wp);
         }

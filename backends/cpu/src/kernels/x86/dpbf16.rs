@@ -104,7 +104,7 @@ unsafe fn step<const T: usize, const R: usize>(a: &Tile<u16>, ahead: Ahead, p: u
     let line = p / 32 * 64 * R;
     for j in 0..R {
         if line + j * 64 < ahead.len {
-            _mm_prefetch::<_MM_HINT_T0>(ahead.at.wrapping_add(line + j * 64) as *const i8);
+            super::prefetch(ahead.at.wrapping_add(line + j * 64) as *const u8);
         }
     }
     let mut wv = [_mm512_setzero_si512(); R];
@@ -152,7 +152,7 @@ unsafe fn gemv_seq4(a: Tile<u16>) {
         let w = a.w.add(r * a.wsb);
         let mut p = 0;
         while p + 32 <= a.k {
-            _mm_prefetch::<_MM_HINT_T0>(w.wrapping_add(p * 2 + PF) as *const i8);
+            super::prefetch(w.wrapping_add(p * 2 + PF) as *const u8);
             let xv = bh(_mm512_loadu_si512(a.x.add(p) as *const __m512i));
             *s = _mm512_dpbf16_ps(*s, xv, bh(_mm512_loadu_si512(w.add(p * 2) as *const __m512i)));
             p += 32;

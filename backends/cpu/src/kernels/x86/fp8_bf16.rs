@@ -108,7 +108,7 @@ unsafe fn fp8_rows<const R: usize, const N: usize>(j: &Job, r0: usize) {
         for p in w.iter() {
             let mut off = 0;
             while off < BB {
-                _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(ahead + off) as *const i8);
+                super::prefetch(p.wrapping_add(ahead + off) as *const u8);
                 off += 64;
             }
         }

@@ -214,7 +214,7 @@ macro_rules! kernel {
                     let mut off = 0;
                     while off < $bb {
                         // Hardware prefetch alone leaves the memory bus under-used.
-                        _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(ahead + off) as *const i8);
+                        super::prefetch(p.wrapping_add(ahead + off) as *const u8);
                         off += 64;
                     }
                 }

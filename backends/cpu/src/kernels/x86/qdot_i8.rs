@@ -299,7 +299,7 @@ macro_rules! kernel {
                     for p in wb.iter() {
                         let mut off = 0;
                         while off < $n * $bb {
-                            _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(ahead + off) as *const i8);
+                            super::prefetch(p.wrapping_add(ahead + off) as *const u8);
                             off += 64;
                         }
                     }
