@@ -364,10 +364,11 @@ impl Worker {
         d
     }
 
-    /// Runs `f` on a worker of the host pool when the backend computes there, else here.
+    /// Runs `f` on a worker of the host pool when the backend computes there, else here; the
+    /// pool's other workers stay awake until it returns ([`super::install_warm`]).
     fn on_pool<R: Send>(&mut self, f: impl FnOnce(&mut Self) -> R + Send) -> R {
         match self.args.host_pool.clone() {
-            Some(pool) => pool.install(|| f(self)),
+            Some(pool) => super::install_warm(&pool, || f(self)),
             None => f(self),
         }
     }
