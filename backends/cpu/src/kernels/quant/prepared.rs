@@ -1,0 +1,240 @@
+//! The activations of a fused quantized product, prepared once per product: zero-padded to
+//! whole blocks, sub-block sums, int8 codes (or FP8's bf16 order), and the pass over the rows
+//! a pool task is given, a few tokens at a time.
+
+use super::{check_weights, QuantDot};
+use crate::kernels::{shape_err, SimdLevel};
+use ft_backend::{DType, Result};
+
+/// Whether products of any token count run the fused kernels a few tokens at a time
+/// (reduced-precision activations allowed by `dot`, on AVX-512): FP8 against bf16 activations
+/// (with AVX-512 BF16 and VBMI), and the types whose int8 kernel takes 4 tokens faster than a
+/// bf16 tile takes a prefill. A token's products are then the same alone, in a batch and in
+/// a prefill. One thread, cache-warm `2048 × 768`, GFLOP/s at 64 tokens, the int8 kernel in
+/// groups against the bf16 tiles: Q4_K 124 / 98, MXFP4 (at 4 tokens) 102 / 93; the others
+/// keep the tiles, their int8 kernels at 4 tokens being no faster (Q8_0 86 / 93, Q4_0 84 / 95,
+/// Q5_K 86 / 82, Q6_K 76 / 90, NVFP4 93 / 92).
+pub(crate) fn in_groups(level: SimdLevel, dot: QuantDot, dtype: DType) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if dot != QuantDot::Int8 || level.effective() != SimdLevel::Avx512 {
+            return false;
+        }
+        match dtype {
+            DType::F8E4M3 => crate::kernels::x86::fp8_bf16::available(),
+            DType::Q4K | DType::Mxfp4 => true,
+            _ => false,
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (level, dot, dtype);
+        false
+    }
+}
+
+/// The activations of one decode-sized product, prepared once (zero-padded to whole blocks,
+/// sub-block sums, int8 codes) and shared by every row chunk the product is split into.
+pub(crate) struct Prepared<'a> {
+    dtype: DType,
+    n: usize,
+    k: usize,
+    x: std::borrow::Cow<'a, [f32]>,
+    xs: usize,
+    aux: Vec<f32>,
+    /// Int8 codes and their scales (one per 32 values), token-major, when `dot` is `Int8`.
+    int8: Option<(Vec<i8>, Vec<f32>)>,
+    /// FP8's activations rounded to bf16 in its kernel's order, token-major, when `dot` is
+    /// `Int8` and the CPU has AVX-512 BF16 and VBMI.
+    fp8_bf16: Option<Vec<u16>>,
+    /// The integer instructions the int8 kernels use.
+    #[cfg(target_arch = "x86_64")]
+    isa: crate::kernels::x86::qdot_i8::Isa,
+}
+
+impl<'a> Prepared<'a> {
+    /// Prepares `n` tokens of `x` (stride `xs`) for the fused kernels; `None` where they do
+    /// not apply (no AVX2, a dtype without one, or more than 4 tokens of a type that does not
+    /// run them [`in_groups`]), leaving the product to the decode-to-scratch path.
+    #[allow(unused_variables)]
+    pub(crate) fn new(
+        level: SimdLevel,
+        dot: QuantDot,
+        x: &'a [f32],
+        xs: usize,
+        n: usize,
+        k: usize,
+        dtype: DType,
+    ) -> Result<Option<Self>> {
+        #[cfg(not(target_arch = "x86_64"))]
+        return Ok(None);
+        #[cfg(target_arch = "x86_64")]
+        {
+            use crate::kernels::x86::{qdot, qdot_i8};
+            if n == 0
+                || (n > qdot::MAX_TOKENS && !in_groups(level, dot, dtype))
+                || !matches!(level.effective(), SimdLevel::Avx2 | SimdLevel::Avx512)
+                || !qdot::supported(dtype)
+            {
+                return Ok(None);
+            }
+            let x_need = (n - 1).checked_mul(xs).and_then(|v| v.checked_add(k));
+            if x_need.is_none_or(|v| v > x.len()) {
+                return Err(shape_err(format!(
+                    "{dtype} matmul of {n} tokens × k={k}: x has {} values",
+                    x.len()
+                )));
+            }
+            let (be, kp) = (dtype.block_elems(), dtype.padded(k));
+            // The kernels read whole blocks of activations: a partial last block is
+            // zero-padded (padded weight values then contribute nothing, as in the scratch
+            // path).
+            let (xv, xs) = if kp == k {
+                (std::borrow::Cow::Borrowed(x), xs)
+            } else {
+                let mut v = vec![0f32; n * kp];
+                for t in 0..n {
+                    v[t * kp..][..k].copy_from_slice(&x[t * xs..][..k]);
+                }
+                (std::borrow::Cow::Owned(v), kp)
+            };
+            let blocks = kp / be;
+            let apb = qdot::aux_per_block(dtype);
+            let mut aux = vec![0f32; n * blocks * apb];
+            if let Some(g) = be.checked_div(apb) {
+                for t in 0..n {
+                    for (s, c) in aux[t * blocks * apb..][..blocks * apb]
+                        .iter_mut()
+                        .zip(xv[t * xs..][..kp].chunks_exact(g))
+                    {
+                        *s = c.iter().sum();
+                    }
+                }
+            }
+            let int8 = (dot == QuantDot::Int8 && qdot_i8::supported(dtype)).then(|| {
+                let (mut q, mut d) = (vec![0i8; n * kp], vec![0f32; n * kp / qdot_i8::QK]);
+                for t in 0..n {
+                    // SAFETY: `effective` confirmed AVX2/FMA/F16C; `kp` is a multiple of every
+                    // int8 type's block, itself a multiple of QK, and the slices are sized so.
+                    unsafe {
+                        qdot_i8::quantize(
+                            &xv[t * xs..][..kp],
+                            &mut q[t * kp..][..kp],
+                            &mut d[t * kp / qdot_i8::QK..][..kp / qdot_i8::QK],
+                        )
+                    };
+                }
+                // The activation order of the kernels that pair scale groups in one register.
+                match dtype {
+                    DType::Nvfp4 => qdot_i8::nvfp4_order(&mut q),
+                    DType::Q4K => qdot_i8::quarters_0213(&mut q),
+                    // Per token: whole pairs of blocks only, the last odd block as it is.
+                    DType::Mxfp4 => q.chunks_exact_mut(kp).for_each(|t| qdot_i8::quarters_0213(&mut t[..kp / 64 * 64])),
+                    _ => {}
+                }
+                (q, d)
+            });
+            let fp8_bf16 = (dot == QuantDot::Int8 && dtype == DType::F8E4M3 && crate::kernels::x86::fp8_bf16::available()).then(|| {
+                let mut v = vec![0u16; n * kp];
+                for t in 0..n {
+                    crate::kernels::x86::fp8_bf16::prepare(&xv[t * xs..][..kp], &mut v[t * kp..][..kp]);
+                }
+                v
+            });
+            Ok(Some(Self {
+                dtype,
+                n,
+                k,
+                x: xv,
+                xs,
+                aux,
+                int8,
+                fp8_bf16,
+                isa: qdot_i8::Isa::best(level),
+            }))
+        }
+    }
+
+    /// The same activations for the int8 kernels in `isa`'s instructions (tests compare
+    /// every variant the CPU has).
+    #[cfg(all(test, target_arch = "x86_64"))]
+    pub(crate) fn with_isa(mut self, isa: crate::kernels::x86::qdot_i8::Isa) -> Self {
+        self.isa = isa;
+        self
+    }
+
+    /// `out[t*os + r] = x_t · row(r)` for the prepared tokens and the `nrows` rows at the
+    /// start of `w`.
+    pub(crate) fn run(&self, w: &[u8], nrows: usize, out: &mut [f32], os: usize) -> Result<()> {
+        let (dtype, n, k) = (self.dtype, self.n, self.k);
+        check_weights(k, w, dtype, nrows)?;
+        let out_need = (n - 1).checked_mul(os).and_then(|v| v.checked_add(nrows));
+        if out_need.is_none_or(|v| v > out.len()) {
+            return Err(shape_err(format!(
+                "{dtype} matmul of {n} tokens × {nrows} rows: out holds {} values",
+                out.len()
+            )));
+        }
+        if nrows == 0 {
+            return Ok(());
+        }
+        #[cfg(target_arch = "x86_64")]
+        {
+            use crate::kernels::x86::{qdot, qdot_i8};
+            let kp = dtype.padded(k);
+            let blocks = kp / dtype.block_elems();
+            let auxs = blocks * qdot::aux_per_block(dtype);
+            // More tokens than a pass takes (a prefill [`in_groups`]) go through the rows given
+            // here a group at a time: the rows, one pool task's share, stay in cache.
+            for g0 in (0..n).step_by(qdot::MAX_TOKENS) {
+                let cnt = qdot::MAX_TOKENS.min(n - g0);
+                let out = out[g0 * os..].as_mut_ptr();
+                if let Some(xb) = &self.fp8_bf16 {
+                    let x = xb[g0 * kp..].as_ptr();
+                    let job = crate::kernels::x86::fp8_bf16::Job { x, xs: kp, w: w.as_ptr(), rb: dtype.row_bytes(k), blocks, out, os };
+                    // SAFETY: `new` confirmed AVX-512 BF16 and VBMI and prepared `blocks` whole
+                    // blocks per token; `w` and `out` were checked above.
+                    unsafe { crate::kernels::x86::fp8_bf16::run(&job, cnt, nrows) };
+                    continue;
+                }
+                match &self.int8 {
+                    Some((q, d)) => {
+                        let job = qdot_i8::Job {
+                            q: q[g0 * kp..].as_ptr(),
+                            qs: kp,
+                            d: d[g0 * kp / qdot_i8::QK..].as_ptr(),
+                            ds: kp / qdot_i8::QK,
+                            aux: self.aux[g0 * auxs..].as_ptr(),
+                            auxs,
+                            w: w.as_ptr(),
+                            rb: dtype.row_bytes(k),
+                            blocks,
+                            out,
+                            os,
+                        };
+                        // SAFETY: `new` confirmed AVX2/FMA/F16C and sized the activations for
+                        // `blocks` blocks per token; `w` and `out` were checked above.
+                        unsafe { qdot_i8::run(self.isa, dtype, &job, cnt, nrows) };
+                    }
+                    None => {
+                        let job = qdot::Job {
+                            x: self.x[g0 * self.xs..].as_ptr(),
+                            xs: self.xs,
+                            aux: self.aux[g0 * auxs..].as_ptr(),
+                            auxs,
+                            w: w.as_ptr(),
+                            rb: dtype.row_bytes(k),
+                            blocks,
+                            out,
+                            os,
+                        };
+                        // SAFETY: as above; `x` holds `blocks` whole blocks per token (checked
+                        // or padded in `new`).
+                        unsafe { qdot::run(dtype, &job, cnt, nrows) };
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,172 @@
+//! The E2M1 (4-bit float) types' int8 kernels: MXFP4 (E8M0 scale per 32 values) and NVFP4
+//! (E4M3 scale per 16 values and a global scale), the codes widened to doubled integers by a
+//! byte-table lookup.
+
+use super::*;
+
+/// The doubled E2M1 values as a byte table in both 128-bit lanes.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn e2m1_table() -> __m256i {
+    _mm256_broadcastsi128_si256(_mm_loadu_si128(E2M1_X2.as_ptr() as *const __m128i))
+}
+
+/// MXFP4: `2^e · d_g · Σ (2·e2m1)·a` per block of 32 (the final `× ½` undoes the doubling).
+#[inline(always)]
+pub(super) unsafe fn mxfp4_blk<D: Dot, const R: usize, const N: usize>(
+    w: &[*const u8; R],
+    q: &[*const i8; N],
+    d: &[*const f32; N],
+    _a: &[*const f32; N],
+    acc: &mut Acc<R, N>,
+) {
+    let table = e2m1_table();
+    for r in 0..R {
+        let p = w[r];
+        let e = e8m0_to_f32(*p);
+        let wv = _mm256_shuffle_epi8(table, nibbles_lo_hi(p.add(1)));
+        for t in 0..N {
+            let s = cvt(dot_s::<D>(wv, lda(q[t], 0)));
+            acc[r][t][0] = _mm256_fmadd_ps(s, _mm256_set1_ps(e * *d[t]), acc[r][t][0]);
+        }
+    }
+}
+
+/// `2^e` of an E8M0 code as f32 bits, as [`e8m0_to_f32`] decodes it, in arithmetic only:
+/// code 0 is 2⁻¹²⁷ (bit 22 alone) and 255 a NaN (all exponent bits and bit 22).
+#[inline(always)]
+pub(crate) fn e8m0_bits(code: u8) -> u32 {
+    ((code as u32) << 23) | ((((code == 0) | (code == 255)) as u32) << 22)
+}
+
+/// The E2M1 codes of 32 packed bytes `v` as doubled signed bytes, low nibbles then high
+/// nibbles: `(low, |low|, high, |high|)`, the magnitudes being the unsigned operands.
+#[inline(always)]
+unsafe fn e2m1_nibbles(v: __m256i) -> [__m256i; 4] {
+    let (table, m4) = (e2m1_table(), _mm256_set1_epi8(0x0f));
+    let lo = _mm256_shuffle_epi8(table, _mm256_and_si256(v, m4));
+    let hi = _mm256_shuffle_epi8(table, _mm256_and_si256(_mm256_srli_epi16::<4>(v), m4));
+    [lo, _mm256_sign_epi8(lo, lo), hi, _mm256_sign_epi8(hi, hi)]
+}
+
+/// `Σ lo·a[0..32] + Σ hi·a[32..64]` per i32 lane for the codes of [`e2m1_nibbles`] and 64 int8
+/// activations at `q` (each code's sign moved onto its activation).
+#[inline(always)]
+unsafe fn e2m1_dot<D: Dot>(c: &[__m256i; 4], q: *const i8) -> __m256i {
+    let dot = D::dot_u(c[1], _mm256_sign_epi8(lda(q, 0), c[0]));
+    D::dot_u_acc(dot, c[3], _mm256_sign_epi8(lda(q, 32), c[2]))
+}
+
+/// Lanes 0 and 1 of `v` spread over lanes 0..4 and 4..8.
+#[inline(always)]
+unsafe fn halves(v: __m128) -> __m256 {
+    _mm256_permutevar8x32_ps(_mm256_castps128_ps256(v), _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1))
+}
+
+/// The two f32 at `p` (any alignment) as [`halves`].
+#[inline(always)]
+unsafe fn halves_at(p: *const f32) -> __m256 {
+    halves(_mm_castsi128_ps(_mm_loadl_epi64(p as *const __m128i)))
+}
+
+/// MXFP4, two blocks a step: the blocks' 16 code bytes side by side give both blocks' low
+/// nibbles and both blocks' high nibbles, against activations in [`quarters_0213`], added into
+/// one i32 vector whose lanes 0..4 are the first block and 4..8 the second; one conversion and
+/// one multiply-add per two blocks.
+#[inline(always)]
+pub(super) unsafe fn mxfp4_pair<D: Dot, const R: usize, const N: usize>(
+    w: &[*const u8; R],
+    q: &[*const i8; N],
+    d: &[*const f32; N],
+    _a: &[*const f32; N],
+    acc: &mut Acc<R, N>,
+) {
+    for r in 0..R {
+        let p = w[r];
+        let codes = e2m1_nibbles(_mm256_loadu2_m128i(p.add(18) as *const __m128i, p.add(1) as *const __m128i));
+        let e = (e8m0_bits(*p) as u64) | ((e8m0_bits(*p.add(17)) as u64) << 32);
+        // The two blocks' scales `2^e` in lanes 0..4 and 4..8.
+        let ev = halves(_mm_castsi128_ps(_mm_cvtsi64_si128(e as i64)));
+        for t in 0..N {
+            let dot = e2m1_dot::<D>(&codes, q[t]);
+            acc[r][t][0] = _mm256_fmadd_ps(cvt(dot), _mm256_mul_ps(ev, halves_at(d[t])), acc[r][t][0]);
+        }
+    }
+}
+
+/// The 16 E4M3 scales at `p` times `global`, as f32 (scales 0..8, then 8..16), equal to the
+/// reference's `e4m3_to_f32(sc) · global`: E4M3 widens exactly to f16 (sign to bit 15, the
+/// other seven bits up by 7, which reads as the value · 2⁻⁸, subnormals included), so
+/// `vcvtph2ps` and an exact `× 2⁸` decode them; the NaN codes (±0x7f) are put back.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn nvfp4_scales(p: *const u8, global: f32) -> [__m256; 2] {
+    let b = _mm256_cvtepu8_epi16(_mm_loadu_si128(p as *const __m128i));
+    let mag = _mm256_and_si256(b, _mm256_set1_epi16(0x7f));
+    let h = _mm256_or_si256(
+        _mm256_slli_epi16::<8>(_mm256_and_si256(b, _mm256_set1_epi16(0x80))),
+        _mm256_slli_epi16::<7>(mag),
+    );
+    let nan = _mm256_cmpeq_epi16(mag, _mm256_set1_epi16(0x7f));
+    [
+        e4m3_half(_mm256_castsi256_si128(h), _mm256_castsi256_si128(nan), global),
+        e4m3_half(_mm256_extracti128_si256::<1>(h), _mm256_extracti128_si256::<1>(nan), global),
+    ]
+}
+
+/// Eight widened scales of [`nvfp4_scales`] (`h` the f16 bits, `nan` all-ones where the code
+/// was NaN) as f32 times `global`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn e4m3_half(h: __m128i, nan: __m128i, global: f32) -> __m256 {
+    let v = _mm256_mul_ps(_mm256_cvtph_ps(h), _mm256_set1_ps(256.0));
+    let nan = _mm256_castsi256_ps(_mm256_cvtepi16_epi32(nan));
+    let v = _mm256_blendv_ps(v, _mm256_set1_ps(f32::NAN), nan);
+    _mm256_mul_ps(v, _mm256_set1_ps(global))
+}
+
+/// The order [`nvfp4_blk`] reads a token's int8 activations in: in each run of 64 values the
+/// even-indexed ones, then the odd-indexed ones. A byte of NVFP4 holds values `2i` (low nibble)
+/// and `2i + 1` (high), so 32 bytes split by one mask and one shift into the even values and
+/// the odd values of 64, in the order of these activations.
+pub(crate) fn nvfp4_order(q: &mut [i8]) {
+    let mut tmp = [0i8; 64];
+    for c in q.chunks_exact_mut(64) {
+        for i in 0..32 {
+            tmp[i] = c[2 * i];
+            tmp[32 + i] = c[2 * i + 1];
+        }
+        c.copy_from_slice(&tmp);
+    }
+}
+
+/// NVFP4: `(e4m3(sc_g)·global) · d · Σ (2·e2m1)·a` per group of 16 (final `× ½`), 64 values a
+/// step: the even values' codes (low nibbles) and the odd values' (high) meet the activations
+/// of [`nvfp4_order`] and add into one i32 vector whose lane pairs are the four groups, so
+/// each step converts and scales once instead of once per 32 values.
+#[inline(always)]
+pub(super) unsafe fn nvfp4_blk<D: Dot, const R: usize, const N: usize>(
+    w: &[*const u8; R],
+    q: &[*const i8; N],
+    d: &[*const f32; N],
+    _a: &[*const f32; N],
+    acc: &mut Acc<R, N>,
+) {
+    for r in 0..R {
+        let p = w[r];
+        let gs = nvfp4_scales(p.add(4), (p as *const f32).read_unaligned());
+        for c in 0..4 {
+            let codes = e2m1_nibbles(_mm256_loadu_si256(p.add(20 + 32 * c) as *const __m256i));
+            // Groups 4c .. 4c + 4, each over two lanes.
+            let b = (4 * (c % 2)) as i32;
+            let pick = _mm256_setr_epi32(b, b, b + 1, b + 1, b + 2, b + 2, b + 3, b + 3);
+            let sv = _mm256_permutevar8x32_ps(gs[c / 2], pick);
+            for t in 0..N {
+                // Lanes 0..4 take activation scale 2c, lanes 4..8 scale 2c + 1.
+                let dot = e2m1_dot::<D>(&codes, q[t].add(64 * c));
+                let scale = _mm256_mul_ps(sv, halves_at(d[t].add(2 * c)));
+                acc[r][t][c & 1] = _mm256_fmadd_ps(cvt(dot), scale, acc[r][t][c & 1]);
+            }
+        }
+    }
+}
