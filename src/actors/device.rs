@@ -364,11 +364,10 @@ impl Worker {
         d
     }
 
-    /// Runs `f` on a worker of the host pool when the backend computes there, else here; the
-    /// pool's other workers stay awake until it returns ([`super::install_warm`]).
+    /// Runs `f` on a worker of the host pool when the backend computes there, else here.
     fn on_pool<R: Send>(&mut self, f: impl FnOnce(&mut Self) -> R + Send) -> R {
         match self.args.host_pool.clone() {
-            Some(pool) => super::install_warm(&pool, || f(self)),
+            Some(pool) => pool.install(|| f(self)),
             None => f(self),
         }
     }

@@ -62,64 +62,9 @@ pub(crate) fn blocking_reply<T>(mut rx: tokio::sync::oneshot::Receiver<T>, what:
     }
 }
 
-/// Runs `f` on a worker of `pool` while the pool's other workers keep taking its jobs and
-/// yield their cores whenever there are none, until `f` returns. A step's parallel products
-/// come between short serial stretches (norms, attention of one token, routing, the hops to
-/// the CPU executors), and a worker that went to sleep in one took tens of microseconds to be
-/// woken for the next: on 2 threads the pool sat idle 9 % of a Q4_K_M decode. Yielding, not
-/// spinning, leaves the cores to any other process that wants them.
-pub(crate) fn install_warm<R: Send>(pool: &rayon::ThreadPool, f: impl FnOnce() -> R + Send) -> R {
-    use std::sync::atomic::{AtomicBool, Ordering};
-    pool.install(|| {
-        let stepping = AtomicBool::new(true);
-        let me = rayon::current_thread_index();
-        rayon::in_place_scope(|s| {
-            s.spawn_broadcast(|_, ctx| {
-                // The caller's own share returns at once: it is busy running `f`.
-                if Some(ctx.index()) == me {
-                    return;
-                }
-                while stepping.load(Ordering::Acquire) {
-                    if !matches!(rayon::yield_now(), Some(rayon::Yield::Executed)) {
-                        std::thread::yield_now();
-                    }
-                }
-            });
-            let r = f();
-            stepping.store(false, Ordering::Release);
-            r
-        })
-    })
-}
-
 #[cfg(test)]
 mod tests {
-    use super::{blocking_reply, install_warm};
-
-    /// A step under `install_warm` runs its parallel work and waits on work sent to the pool
-    /// (as the CPU executors' jobs are), at any pool size, and every worker is free again
-    /// afterwards.
-    #[test]
-    fn install_warm_runs_the_step_and_lets_the_workers_go() {
-        use rayon::prelude::*;
-        for threads in [1, 2, 3] {
-            let pool = std::sync::Arc::new(rayon::ThreadPoolBuilder::new().num_threads(threads).build().expect("pool"));
-            for _ in 0..20 {
-                let p = pool.clone();
-                let got = install_warm(&pool, move || {
-                    let sum: u64 = (0..10_000u64).into_par_iter().sum();
-                    let (tx, rx) = tokio::sync::oneshot::channel();
-                    p.spawn(move || {
-                        let _ = tx.send((0..1000u64).into_par_iter().map(|v| v * 2).sum::<u64>());
-                    });
-                    sum + blocking_reply(rx, "test").expect("reply")
-                });
-                assert_eq!(got, 49_995_000 + 999_000, "threads={threads}");
-            }
-            // The warm loops ended: a broadcast reaches every worker.
-            assert_eq!(pool.broadcast(|ctx| ctx.index()).len(), threads);
-        }
-    }
+    use super::blocking_reply;
 
     /// A step runs on a worker of the host pool and waits for work it sent to that same pool:
     /// with one worker the wait must run that work itself, not block on it.
