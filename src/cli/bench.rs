@@ -130,8 +130,15 @@ pub fn run(a: BenchArgs) -> Result<()> {
     let spread = |s: &crate::bench::Spread, digits: usize| format!("{:.d$} ({:.d$}–{:.d$})", s.median, s.min, s.max, d = digits);
     if !a.json {
         println!(
-            "memory read bandwidth {:.1} GB/s (median of {} passes summing {} MiB with {threads} threads and the widest vector loads; {:.1}–{:.1})",
-            bw.median, bw.passes, a.bandwidth_mib, bw.min, bw.max
+            "memory read bandwidth {:.1} GB/s (median of {} passes summing {} MiB with {threads} threads and the widest vector loads, {}; {:.1}–{:.1}; \
+             the faster of two patterns, the other's median {:.1})",
+            bw.median,
+            bw.passes,
+            a.bandwidth_mib,
+            bw.loads.describe(),
+            bw.min,
+            bw.max,
+            bw.other_median
         );
         println!(
             "{} runs per mode: tokens/s from timers (median, min–max); weight bytes per token from the counter of every \
@@ -157,7 +164,8 @@ pub fn run(a: BenchArgs) -> Result<()> {
                 "prefill_tok_s": s(&r.prefill_tok_s), "decode_tok_s": s(&r.decode_tok_s),
                 "bytes_per_token_counted": r.bytes_per_token, "bytes_per_token_model": r.model_bytes_per_token,
                 "decode_gb_s": s(&r.decode_gb_s),
-                "memory_gb_s": {"median": bw.median, "min": bw.min, "max": bw.max, "passes": bw.passes},
+                "memory_gb_s": {"median": bw.median, "min": bw.min, "max": bw.max, "passes": bw.passes,
+                    "loads": bw.loads.describe(), "other_loads_median": bw.other_median},
                 "roofline_fraction": roofline,
                 "hit_rate": r.hit_rate, "bytes_moved_per_token": r.bytes_moved_per_token,
                 "fetched_per_token": r.fetched_per_token, "cpu_experts_per_token": r.cpu_per_token,

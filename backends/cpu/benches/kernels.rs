@@ -7,7 +7,10 @@
 //! 1. One-token matmuls through the backend in both `QuantDot` modes: GB/s of weight bytes
 //!    (counted from the packed sizes) as a fraction of a read-bandwidth probe run in the
 //!    same process.
-//! 2. One thread, a cache-warm matrix, 1, 2, 4, 5, 16 and 64 tokens: GFLOP/s (2·n·k·m per timed call)
+//! 2. One long matrix per dtype (k=2048, ≥ 256 MiB, one product of 2 threads' row ranges, three
+//!    copies in turn so each is cold): the rate of a long sequential stream per thread, as the
+//!    output head of a model reads, free of the per-product start-up of small experts.
+//! 3. One thread, a cache-warm matrix, 1, 2, 4, 5, 16 and 64 tokens: GFLOP/s (2·n·k·m per timed call)
 //!    and GB/s, the kernels' compute rate free of pool and memory effects.
 //!
 //! `FT_BENCH_THREADS` sets the worker count (default: the backend's); `FT_BENCH_DTYPES`
@@ -18,35 +21,38 @@
 //! from memory.
 
 use ft_backend::{Backend, BufferUsage, DType, DeviceBuffer, MatmulDesc, StreamId};
+use ft_backend_cpu::kernels::Loads;
 use ft_backend_cpu::{CpuBackend, CpuOptions, QuantDot};
 use std::time::Instant;
 
-/// Median read bandwidth (bytes/s) summing a 1 GiB buffer with `threads` threads, with the
-/// widest loads the CPU has (`kernels::stream_sum`).
+/// Read bandwidth (bytes/s) summing a 1 GiB buffer with `threads` threads, with the widest
+/// loads the CPU has (`kernels::stream_sum`): the median of 7 passes in each load pattern,
+/// alternating, and the higher of the two (as `ft-actor bench` probes).
 fn read_bandwidth(threads: usize) -> f64 {
     let words = (1usize << 30) / 8;
     let buf: Vec<u64> = (0..words as u64).collect();
     let chunk = words.div_ceil(threads);
-    let mut runs: Vec<f64> = (0..7)
-        .map(|_| {
+    let mut runs = [vec![], vec![]];
+    for _ in 0..7 {
+        for (i, loads) in Loads::BOTH.into_iter().enumerate() {
             let t = Instant::now();
             let total: u64 = std::thread::scope(|s| {
                 let hs: Vec<_> = buf
                     .chunks(chunk)
-                    .map(|c| {
-                        s.spawn(move || ft_backend_cpu::kernels::stream_sum(ft_backend_cpu::SimdLevel::Auto, c))
-                    })
+                    .map(|c| s.spawn(move || ft_backend_cpu::kernels::stream_sum(ft_backend_cpu::SimdLevel::Auto, loads, c)))
                     .collect();
-                hs.into_iter()
-                    .map(|h| h.join().expect("join"))
-                    .fold(0u64, |a, b| a.wrapping_add(b))
+                hs.into_iter().map(|h| h.join().expect("join")).fold(0u64, |a, b| a.wrapping_add(b))
             });
             std::hint::black_box(total);
-            (words * 8) as f64 / t.elapsed().as_secs_f64()
+            runs[i].push((words * 8) as f64 / t.elapsed().as_secs_f64());
+        }
+    }
+    runs.iter_mut()
+        .map(|r| {
+            r.sort_by(|a, b| a.total_cmp(b));
+            r[r.len() / 2]
         })
-        .collect();
-    runs.sort_by(|a, b| a.total_cmp(b));
-    runs[runs.len() / 2]
+        .fold(0.0, f64::max)
 }
 
 fn upload(b: &CpuBackend, dtype: DType, elems: usize, bytes: &[u8]) -> DeviceBuffer {
@@ -74,6 +80,7 @@ fn time(warm: usize, reps: usize, mut f: impl FnMut()) -> f64 {
 
 fn main() {
     quant_gemv_throughput();
+    long_stream();
     quant_kernel_rate_single_thread();
 }
 
@@ -109,7 +116,7 @@ fn throughput(b: &CpuBackend, threads: Option<usize>, quant_dot: QuantDot) {
         threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
     let bw = read_bandwidth(nthreads);
     println!(
-        "quant_dot {quant_dot}: memory read bandwidth ({nthreads} threads, 1 GiB sum, median of 7): {:.1} GB/s; simd {:?}",
+        "quant_dot {quant_dot}: memory read bandwidth ({nthreads} threads, 1 GiB sum, median of 7, faster load pattern): {:.1} GB/s; simd {:?}",
         bw / 1e9,
         b.simd_level()
     );
@@ -206,11 +213,48 @@ fn throughput(b: &CpuBackend, threads: Option<usize>, quant_dot: QuantDot) {
     }
 }
 
+/// Part 2 of the module docs: one token against a long matrix in `QuantDot::Int8` mode.
+fn long_stream() {
+    let threads = std::env::var("FT_BENCH_THREADS").ok().and_then(|v| v.parse().ok());
+    let b = CpuBackend::new(CpuOptions { threads, quant_dot: QuantDot::Int8, ..Default::default() }).expect("backend");
+    let nthreads = threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let bw = read_bandwidth(nthreads);
+    println!("long matrix, 1 token, int8 mode: memory read bandwidth ({nthreads} threads, faster load pattern) {:.1} GB/s", bw / 1e9);
+    let k = 2048;
+    let mut rng = ft_backend::conformance::Rng::new(3);
+    let x = rng.vec(k, 1.0);
+    let xb: Vec<u8> = x.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let xd = upload(&b, DType::F32, k, &xb);
+    for dtype in dtypes() {
+        // 2048 distinct rows, repeated up to the length (quantizing the whole would take long).
+        let tile = ft_backend::quant::quantize_matrix(dtype, &rng.vec(2048 * k, 1.0), 2048, k);
+        let m = 2048 * (256usize << 20).div_ceil(tile.len());
+        let bytes = tile.repeat(m / 2048);
+        let copies: Vec<DeviceBuffer> = (0..3).map(|_| upload(&b, dtype, m * dtype.padded(k), &bytes)).collect();
+        let mut out = b.alloc(DType::F32, m, BufferUsage::Scratch).expect("alloc");
+        let mut i = 0;
+        let per = time(3, 9, || {
+            b.matmul(&xd, &copies[i % copies.len()], None, &mut out, &MatmulDesc::new(1, k, m)).expect("matmul");
+            b.synchronize(StreamId::COMPUTE).expect("sync");
+            i += 1;
+        });
+        let gbs = bytes.len() as f64 / per;
+        println!(
+            "{:>6} | {m} rows, {:.0} MiB: {:7.2} ms {:6.2} GB/s {:4.0}%",
+            dtype.name(),
+            bytes.len() as f64 / (1 << 20) as f64,
+            per * 1e3,
+            gbs / 1e9,
+            100.0 * gbs / bw
+        );
+    }
+}
+
 /// One thread, one cache-warm `k=2048 × 768` matrix, straight through
 /// `kernels::matmul` on a one-thread pool, in both [`QuantDot`] modes: the kernels' compute
 /// rate for 1, 2, 4, 5, 16 and 64 tokens (decode sizes, and an expert's share of a prefill),
 /// free of pool and memory effects.
-/// Part 2 of the module docs.
+/// Part 3 of the module docs.
 fn quant_kernel_rate_single_thread() {
     use ft_backend_cpu::{kernels, SimdLevel};
     let (k, m) = (2048, 768);

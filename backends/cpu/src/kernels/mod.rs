@@ -29,7 +29,7 @@ pub use recurrent::{causal_conv1d, gated_delta_rule};
 pub use rope::rope;
 pub use select::{gather_rows, scatter_add_rows, top_k};
 pub use simd::SimdLevel;
-pub use stream::stream_sum;
+pub use stream::{stream_sum, Loads};
 
 use ft_backend::{BackendError, Result};
 

@@ -30,7 +30,7 @@ pub(crate) const MAX_TOKENS: usize = 4;
 /// of experts on 2 threads (A/B in one process, 7 alternating passes),
 /// 2048 beat 1024 by 10–20 % for Q8_0, Q4_K, Q6_K and NVFP4; 512 lost and 3072–6144 were
 /// no better.
-pub(super) const PF: usize = 2048;
+pub(crate) const PF: usize = 2048;
 
 /// Where, relative to the read position `pos` of a row, a driver interleaving `R` rows
 /// prefetches: [`PF`] bytes ahead in the same row, or, once that passes the row's end (`rb`
