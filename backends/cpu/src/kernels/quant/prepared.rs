@@ -11,9 +11,9 @@ use ft_backend::{DType, Result};
 /// (with AVX-512 BF16 and VBMI), and the types whose int8 kernel takes 4 tokens faster than a
 /// bf16 tile takes a prefill. A token's products are then the same alone, in a batch and in
 /// a prefill. One thread, cache-warm `2048 × 768`, GFLOP/s at 64 tokens, the int8 kernel in
-/// groups against the bf16 tiles: Q4_K 124 / 98, MXFP4 (at 4 tokens) 102 / 93; the others
-/// keep the tiles, their int8 kernels at 4 tokens being no faster (Q8_0 86 / 93, Q4_0 84 / 95,
-/// Q5_K 86 / 82, Q6_K 76 / 90, NVFP4 93 / 92).
+/// groups against the bf16 tiles: Q4_K 124 / 98, MXFP4 (at 4 tokens) 102 / 93, 122 / 93 on
+/// its 512-bit kernel; the others keep the tiles, their int8 kernels at 4 tokens being no
+/// faster (Q8_0 86 / 93, Q4_0 84 / 95, Q5_K 86 / 82, Q6_K 76 / 90, NVFP4 93 / 92).
 pub(crate) fn in_groups(level: SimdLevel, dot: QuantDot, dtype: DType) -> bool {
     #[cfg(target_arch = "x86_64")]
     {
@@ -43,7 +43,7 @@ pub(crate) struct Prepared<'a> {
     xs: usize,
     aux: Vec<f32>,
     /// Int8 codes and their scales (one per 32 values), token-major, when `dot` is `Int8`.
-    int8: Option<(Vec<i8>, Vec<f32>)>,
+    int8: Option<Int8>,
     /// FP8's activations rounded to bf16 in its kernel's order, token-major, when `dot` is
     /// `Int8` and the CPU has AVX-512 BF16 and VBMI.
     fp8_bf16: Option<Vec<u16>>,
@@ -111,29 +111,8 @@ impl<'a> Prepared<'a> {
                     }
                 }
             }
-            let int8 = (dot == QuantDot::Int8 && qdot_i8::supported(dtype)).then(|| {
-                let (mut q, mut d) = (vec![0i8; n * kp], vec![0f32; n * kp / qdot_i8::QK]);
-                for t in 0..n {
-                    // SAFETY: `effective` confirmed AVX2/FMA/F16C; `kp` is a multiple of every
-                    // int8 type's block, itself a multiple of QK, and the slices are sized so.
-                    unsafe {
-                        qdot_i8::quantize(
-                            &xv[t * xs..][..kp],
-                            &mut q[t * kp..][..kp],
-                            &mut d[t * kp / qdot_i8::QK..][..kp / qdot_i8::QK],
-                        )
-                    };
-                }
-                // The activation order of the kernels that pair scale groups in one register.
-                match dtype {
-                    DType::Nvfp4 => qdot_i8::nvfp4_order(&mut q),
-                    DType::Q4K => qdot_i8::quarters_0213(&mut q),
-                    // Per token: whole pairs of blocks only, the last odd block as it is.
-                    DType::Mxfp4 => q.chunks_exact_mut(kp).for_each(|t| qdot_i8::quarters_0213(&mut t[..kp / 64 * 64])),
-                    _ => {}
-                }
-                (q, d)
-            });
+            let isa = qdot_i8::Isa::best(level);
+            let int8 = (dot == QuantDot::Int8 && qdot_i8::supported(dtype)).then(|| int8_codes(&xv, xs, n, kp, dtype, isa));
             let fp8_bf16 = (dot == QuantDot::Int8 && dtype == DType::F8E4M3 && crate::kernels::x86::fp8_bf16::available()).then(|| {
                 let mut v = vec![0u16; n * kp];
                 for t in 0..n {
@@ -150,7 +129,7 @@ impl<'a> Prepared<'a> {
                 aux,
                 int8,
                 fp8_bf16,
-                isa: qdot_i8::Isa::best(level),
+                isa,
             }))
         }
     }
@@ -160,6 +139,10 @@ impl<'a> Prepared<'a> {
     #[cfg(all(test, target_arch = "x86_64"))]
     pub(crate) fn with_isa(mut self, isa: crate::kernels::x86::qdot_i8::Isa) -> Self {
         self.isa = isa;
+        if self.int8.is_some() {
+            let kp = self.dtype.padded(self.k);
+            self.int8 = Some(int8_codes(&self.x, self.xs, self.n, kp, self.dtype, isa));
+        }
         self
     }
 
@@ -198,13 +181,19 @@ impl<'a> Prepared<'a> {
                     continue;
                 }
                 match &self.int8 {
-                    Some((q, d)) => {
+                    Some(Int8 { q, d, extras }) => {
+                        // A 512-bit kernel reads its own per-step values where the others
+                        // read sub-block sums.
+                        let (aux, auxs) = match extras {
+                            Some(e) => (e, e.len() / n),
+                            None => (&self.aux, auxs),
+                        };
                         let job = qdot_i8::Job {
                             q: q[g0 * kp..].as_ptr(),
                             qs: kp,
                             d: d[g0 * kp / qdot_i8::QK..].as_ptr(),
                             ds: kp / qdot_i8::QK,
-                            aux: self.aux[g0 * auxs..].as_ptr(),
+                            aux: aux[g0 * auxs..].as_ptr(),
                             auxs,
                             w: w.as_ptr(),
                             rb: dtype.row_bytes(k),
@@ -237,4 +226,50 @@ impl<'a> Prepared<'a> {
         }
         Ok(())
     }
+}
+
+/// A product's int8 activations.
+struct Int8 {
+    /// Codes, token-major, in the order of the kernel that reads them.
+    q: Vec<i8>,
+    /// One scale per 32 values, token-major.
+    d: Vec<f32>,
+    /// What a 512-bit kernel reads beside them ([`crate::kernels::x86::qdot_i8::mxfp4_zmm::extras`]),
+    /// token-major.
+    extras: Option<Vec<f32>>,
+}
+
+/// Quantizes `n` tokens of `x` (stride `xs`, `kp` values each, whole blocks of `dtype`) to int8
+/// for the kernels of `isa`.
+#[cfg(target_arch = "x86_64")]
+fn int8_codes(x: &[f32], xs: usize, n: usize, kp: usize, dtype: DType, isa: crate::kernels::x86::qdot_i8::Isa) -> Int8 {
+    use crate::kernels::x86::qdot_i8::{self, mxfp4_zmm};
+    let (mut q, mut d) = (vec![0i8; n * kp], vec![0f32; n * kp / qdot_i8::QK]);
+    for t in 0..n {
+        // SAFETY: `Prepared::new` confirmed AVX2/FMA/F16C; `kp` is a multiple of every int8
+        // type's block, itself a multiple of QK, and the slices are sized so.
+        unsafe {
+            qdot_i8::quantize(&x[t * xs..][..kp], &mut q[t * kp..][..kp], &mut d[t * kp / qdot_i8::QK..][..kp / qdot_i8::QK])
+        };
+    }
+    let mut extras = None;
+    // The activation order of the kernels that pair scale groups in one register.
+    match dtype {
+        DType::Mxfp4 if isa.wide(dtype) => {
+            let per = kp / mxfp4_zmm::GROUP * mxfp4_zmm::EXTRAS;
+            let mut e = vec![0f32; n * per];
+            for t in 0..n {
+                let (qt, dt) = (&mut q[t * kp..][..kp], &d[t * kp / qdot_i8::QK..][..kp / qdot_i8::QK]);
+                mxfp4_zmm::extras(qt, dt, &mut e[t * per..][..per]);
+                mxfp4_zmm::order(qt);
+            }
+            extras = Some(e);
+        }
+        DType::Nvfp4 => qdot_i8::nvfp4_order(&mut q),
+        DType::Q4K => qdot_i8::quarters_0213(&mut q),
+        // Per token: whole pairs of blocks only, the last odd block as it is.
+        DType::Mxfp4 => q.chunks_exact_mut(kp).for_each(|t| qdot_i8::quarters_0213(&mut t[..kp / 64 * 64])),
+        _ => {}
+    }
+    Int8 { q, d, extras }
 }

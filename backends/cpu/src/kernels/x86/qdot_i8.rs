@@ -22,6 +22,7 @@
 use super::qdot::{f16_splat, f16x2, hsum, k4_scales, prefetch_offset, E2M1_X2};
 
 mod fp4;
+pub(crate) mod mxfp4_zmm;
 use fp4::{mxfp4_blk, mxfp4_pair, nvfp4_blk};
 pub(crate) use fp4::nvfp4_order;
 #[cfg(test)]
@@ -122,12 +123,15 @@ pub(crate) enum Isa {
     /// `vpdpbusd` in its EVEX form on 256-bit registers (AVX512-VNNI with VL: Cascade Lake
     /// and later Xeons, Zen 4).
     Avx512Vnni,
+    /// As [`Isa::Avx512Vnni`], and 512-bit kernels where a type has one (MXFP4: with BW and
+    /// VBMI, Ice Lake and later, Zen 4), whose f32 sums add in another order.
+    Avx512Vbmi,
 }
 
 impl Isa {
     /// Every variant, plainest first.
     #[cfg(test)]
-    pub(crate) const ALL: [Isa; 3] = [Isa::Madd, Isa::AvxVnni, Isa::Avx512Vnni];
+    pub(crate) const ALL: [Isa; 4] = [Isa::Madd, Isa::AvxVnni, Isa::Avx512Vnni, Isa::Avx512Vbmi];
 
     /// Whether this CPU runs `self` (AVX2/FMA/F16C assumed, as for every kernel here).
     pub(crate) fn available(self) -> bool {
@@ -138,7 +142,13 @@ impl Isa {
                 std::arch::is_x86_feature_detected!("avx512vnni")
                     && std::arch::is_x86_feature_detected!("avx512vl")
             }
+            Isa::Avx512Vbmi => mxfp4_zmm::available(),
         }
+    }
+
+    /// Whether `dtype`'s products run a 512-bit kernel, with its own activation order.
+    pub(crate) fn wide(self, dtype: DType) -> bool {
+        self == Isa::Avx512Vbmi && dtype == DType::Mxfp4
     }
 
     /// The best variant for kernels running at `level`: the EVEX form only where AVX-512 is
@@ -146,7 +156,9 @@ impl Isa {
     pub(crate) fn best(level: super::super::SimdLevel) -> Isa {
         use super::super::SimdLevel;
         let avx512 = level.effective() == SimdLevel::Avx512;
-        if avx512 && Isa::Avx512Vnni.available() {
+        if avx512 && Isa::Avx512Vbmi.available() {
+            Isa::Avx512Vbmi
+        } else if avx512 && Isa::Avx512Vnni.available() {
             Isa::Avx512Vnni
         } else if Isa::AvxVnni.available() {
             Isa::AvxVnni
@@ -160,13 +172,16 @@ impl Isa {
 /// sums of `isa`.
 ///
 /// # Safety
-/// See the module docs; `isa` is [`Isa::available`].
+/// See the module docs; `isa` is [`Isa::available`]; where [`Isa::wide`], the activations are
+/// in that kernel's order and `aux` holds its extras ([`mxfp4_zmm`]).
 pub(crate) unsafe fn run(isa: Isa, dtype: DType, job: &Job, n: usize, nrows: usize) {
     debug_assert!((1..=4).contains(&n) && isa.available());
     match isa {
         Isa::Madd => madd::run(dtype, job, n, nrows),
         Isa::AvxVnni => avxvnni::run(dtype, job, n, nrows),
         Isa::Avx512Vnni => avx512vnni::run(dtype, job, n, nrows),
+        Isa::Avx512Vbmi if isa.wide(dtype) => mxfp4_zmm::run(job, n, nrows),
+        Isa::Avx512Vbmi => avx512vnni::run(dtype, job, n, nrows),
     }
 }
 
