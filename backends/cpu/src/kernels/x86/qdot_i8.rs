@@ -5,7 +5,7 @@
 //!
 //! Activations are quantized per group of [`QK`] values: `a = round(x / d)`, `d = max|x| / 127`
 //! ([`quantize`]). A weight block then contributes, per group `g` of 32 values (16 for the
-//! NVFP4 and Q6_K scales, which `vpmaddwd` applies per half):
+//! NVFP4 and Q6_K scales, applied per half of the group's lanes):
 //!
 //! * Q8_0, MXFP4, NVFP4 (signed codes, the sign moved onto the activation so `vpmaddubsw` sees
 //!   an unsigned operand): `s_w · d_g · Σ q·a`;
@@ -14,7 +14,7 @@
 //!   [`super::qdot`]), so only the code term carries the activation rounding.
 //!
 //! Integer sums cannot overflow: `|q| ≤ 63` (Q6_K) or `≤ 128` against `|a| ≤ 127` keeps each
-//! `vpmaddubsw` pair below 2¹⁵, and Q6_K's scales (`|sc| ≤ 128`) keep `vpmaddwd` in i32.
+//! `vpmaddubsw` pair below 2¹⁵ (MXFP4's 512-bit kernel, on `vpdpbusd` alone, has no pairs).
 //!
 //! Safety contract of [`run`]: the CPU has AVX2, FMA and F16C, and the [`Job`] pointers cover
 //! `blocks` whole blocks per row for every row and token asked for.
@@ -193,6 +193,11 @@ trait Dot {
     unsafe fn dot_u(u: __m256i, i: __m256i) -> __m256i;
     /// `acc + Σ u·i` per group of four bytes.
     unsafe fn dot_u_acc(acc: __m256i, u: __m256i, i: __m256i) -> __m256i;
+    /// `(a & m) | c`: one `vpternlogd` where AVX-512 VL is in use.
+    #[inline(always)]
+    unsafe fn and_or(a: __m256i, m: __m256i, c: __m256i) -> __m256i {
+        _mm256_or_si256(_mm256_and_si256(a, m), c)
+    }
 }
 
 /// [`Isa::Madd`].
@@ -232,6 +237,11 @@ impl Dot for Avx512Vnni {
     #[inline(always)]
     unsafe fn dot_u_acc(acc: __m256i, u: __m256i, i: __m256i) -> __m256i {
         _mm256_dpbusd_epi32(acc, u, i)
+    }
+    #[inline(always)]
+    unsafe fn and_or(a: __m256i, m: __m256i, c: __m256i) -> __m256i {
+        // 0xEA: (A & B) | C.
+        _mm256_ternarylogic_epi32::<0xEA>(a, m, c)
     }
 }
 
@@ -590,23 +600,11 @@ unsafe fn q5_k_blk<D: Dot, const R: usize, const N: usize>(
     }
 }
 
-/// `vpshufb` patterns that spread Q6_K scales `2k` and `2k + 1` over 8 bytes each.
-const Q6_SCALE_SHUF: [[u8; 16]; 8] = {
-    let mut m = [[0u8; 16]; 8];
-    let mut k = 0;
-    while k < 8 {
-        let mut i = 0;
-        while i < 16 {
-            m[k][i] = (2 * k + i / 8) as u8;
-            i += 1;
-        }
-        k += 1;
-    }
-    m
-};
-
-/// Q6_K: `Σ_i d·d_g·sc_i·Σ q·a − 32·d·Σ_i sc_i·S_i` over the 16 sub-blocks of 16 (`q`
-/// unsigned 6-bit); `vpmaddwd` applies `sc_i` to each half of a 32-value group.
+/// Q6_K: `Σ_i d·sc_i·d_g·Σ q·a − 32·d·Σ_i sc_i·S_i` over the 16 sub-blocks of 16 (`q`
+/// unsigned 6-bit), 32 values (two sub-blocks, one activation group) a step: `vpdpbusd` sums
+/// them into lanes 0..4 (sub-block `2k`) and 4..8 (`2k + 1`), and one permute spreads the two
+/// scales `d·sc` over those lanes in f32, where a byte shuffle, a widening and `vpmaddwd` per
+/// step applied them in integers before.
 #[inline(always)]
 unsafe fn q6_k_blk<D: Dot, const R: usize, const N: usize>(
     w: &[*const u8; R],
@@ -624,12 +622,11 @@ unsafe fn q6_k_blk<D: Dot, const R: usize, const N: usize>(
         let sc1 = cvt(_mm256_cvtepi8_epi32(_mm_srli_si128::<8>(sc8)));
         let m32 = _mm256_mul_ps(_mm256_set1_ps(32.0), dd);
         let (o0, o1) = (_mm256_mul_ps(sc0, m32), _mm256_mul_ps(sc1, m32));
-        let mut ds = [[0f32; 8]; N];
+        // `d·sc_i` of sub-blocks 0..8 and 8..16.
+        let f = [_mm256_mul_ps(sc0, dd), _mm256_mul_ps(sc1, dd)];
         for t in 0..N {
             acc[r][t][1] = _mm256_fnmadd_ps(o0, _mm256_loadu_ps(a[t]), acc[r][t][1]);
             acc[r][t][1] = _mm256_fnmadd_ps(o1, _mm256_loadu_ps(a[t].add(8)), acc[r][t][1]);
-            let v = _mm256_mul_ps(_mm256_loadu_ps(d[t]), dd);
-            _mm256_storeu_ps(ds[t].as_mut_ptr(), v);
         }
         for h in 0..2 {
             // Values 128h + 32·quarter + l: low 4 bits in ql byte 64h + 32·(quarter % 2) + l
@@ -638,32 +635,19 @@ unsafe fn q6_k_blk<D: Dot, const R: usize, const N: usize>(
             let ql1 = _mm256_loadu_si256(p.add(64 * h + 32) as *const __m256i);
             let qh = _mm256_loadu_si256(p.add(128 + 32 * h) as *const __m256i);
             let qv = [
-                _mm256_or_si256(
-                    _mm256_and_si256(ql0, m4),
-                    _mm256_and_si256(_mm256_slli_epi16::<4>(qh), m2),
-                ),
-                _mm256_or_si256(
-                    _mm256_and_si256(ql1, m4),
-                    _mm256_and_si256(_mm256_slli_epi16::<2>(qh), m2),
-                ),
-                _mm256_or_si256(
-                    _mm256_and_si256(_mm256_srli_epi16::<4>(ql0), m4),
-                    _mm256_and_si256(qh, m2),
-                ),
-                _mm256_or_si256(
-                    _mm256_and_si256(_mm256_srli_epi16::<4>(ql1), m4),
-                    _mm256_and_si256(_mm256_srli_epi16::<2>(qh), m2),
-                ),
+                D::and_or(ql0, m4, _mm256_and_si256(_mm256_slli_epi16::<4>(qh), m2)),
+                D::and_or(ql1, m4, _mm256_and_si256(_mm256_slli_epi16::<2>(qh), m2)),
+                D::and_or(_mm256_srli_epi16::<4>(ql0), m4, _mm256_and_si256(qh, m2)),
+                D::and_or(_mm256_srli_epi16::<4>(ql1), m4, _mm256_and_si256(_mm256_srli_epi16::<2>(qh), m2)),
             ];
             for (quarter, qq) in qv.iter().enumerate() {
                 let k = 4 * h + quarter;
-                let shuf = _mm_loadu_si128(Q6_SCALE_SHUF[k].as_ptr() as *const __m128i);
-                let sv = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc8, shuf));
+                let j = (2 * k % 8) as i32;
+                let sv = _mm256_permutevar8x32_ps(f[h], _mm256_setr_epi32(j, j, j, j, j + 1, j + 1, j + 1, j + 1));
                 for t in 0..N {
-                    let prod = _mm256_maddubs_epi16(*qq, lda(q[t], 32 * k));
-                    let sum = cvt(_mm256_madd_epi16(prod, sv));
-                    acc[r][t][k & 1] =
-                        _mm256_fmadd_ps(sum, _mm256_set1_ps(ds[t][k]), acc[r][t][k & 1]);
+                    let dot = cvt(D::dot_u(*qq, lda(q[t], 32 * k)));
+                    let s = _mm256_mul_ps(sv, _mm256_broadcast_ss(&*d[t].add(k)));
+                    acc[r][t][k & 1] = _mm256_fmadd_ps(dot, s, acc[r][t][k & 1]);
                 }
             }
         }
