@@ -190,6 +190,15 @@ mod tests {
     /// `blocks` blocks of `dtype`: random bytes for the GGML integer types (their f16 scale
     /// fields kept finite, half of them realistic small scales), quantized random values for
     /// the minifloat types (whose NaN codes the SIMD decode does not reproduce).
+    /// `(Σ x·w, Σ |x·w|)` in f64 over the common length: a product's reference and the scale
+    /// its tolerance is relative to.
+    pub(super) fn exact_dot(x: &[f32], w: &[f32]) -> (f64, f64) {
+        x.iter().zip(w).fold((0.0, 0.0), |(s, m), (&a, &b)| {
+            let v = a as f64 * b as f64;
+            (s + v, m + v.abs())
+        })
+    }
+
     pub(super) fn random_blocks(dtype: DType, blocks: usize, rng: &mut Rng) -> Vec<u8> {
         let (bb, be) = (dtype.size(), dtype.block_elems());
         let f16_fields: &[usize] = match dtype {
@@ -293,12 +302,7 @@ mod fused_tests {
                                 .expect("block");
                             for t in 0..n {
                                 for r in 0..nrows {
-                                    let (mut want, mut mag) = (0f64, 0f64);
-                                    for p in 0..k {
-                                        let v = x[t * xs + p] as f64 * dec[r * kp + p] as f64;
-                                        want += v;
-                                        mag += v.abs();
-                                    }
+                                    let (want, mag) = super::tests::exact_dot(&x[t * xs..][..k], &dec[r * kp..][..k]);
                                     let got = out[t * os + r] as f64;
                                     let bound = 1e-5 * (k as f64).sqrt().max(1.0) * mag;
                                     let err = (got - want).abs();

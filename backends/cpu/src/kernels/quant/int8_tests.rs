@@ -109,12 +109,7 @@ fn int8_exact_on_representable_activations() {
                     for (isa, out) in &outs {
                         for t in 0..n {
                             for r in 0..nrows {
-                                let (mut want, mut mag) = (0f64, 0f64);
-                                for p in 0..k {
-                                    let v = x[t * xs + p] as f64 * dec[r * kp + p] as f64;
-                                    want += v;
-                                    mag += v.abs();
-                                }
+                                let (want, mag) = super::tests::exact_dot(&x[t * xs..][..k], &dec[r * kp..][..k]);
                                 let got = out[t * os + r] as f64;
                                 assert!(
                                     (got - want).abs() <= 1e-6 * mag,
@@ -286,12 +281,7 @@ fn nvfp4_every_scale_code() {
         let mut out = vec![0f32; nrows];
         int8_block(isa, &x, k, 1, k, &raw, dtype, nrows, &mut out, nrows);
         for r in 0..nrows {
-            let (mut want, mut mag) = (0f64, 0f64);
-            for p in 0..k {
-                let v = x[p] as f64 * dec[r * k + p] as f64;
-                want += v;
-                mag += v.abs();
-            }
+            let (want, mag) = super::tests::exact_dot(&x, &dec[r * k..][..k]);
             let got = out[r] as f64;
             if want.is_nan() {
                 assert!(got.is_nan(), "{isa:?} row {r}: a NaN scale must give NaN, got {got}");
@@ -340,12 +330,7 @@ fn mxfp4_exponent_codes() {
         let mut out = vec![0f32; nrows];
         int8_block(isa, &x, k, 1, k, &raw, dtype, nrows, &mut out, nrows);
         for (r, &c) in codes.iter().enumerate() {
-            let (mut want, mut mag) = (0f64, 0f64);
-            for p in 0..k {
-                let v = x[p] as f64 * dec[r * k + p] as f64;
-                want += v;
-                mag += v.abs();
-            }
+            let (want, mag) = super::tests::exact_dot(&x, &dec[r * k..][..k]);
             let got = out[r] as f64;
             if c == 255 {
                 assert!(got.is_nan(), "{isa:?} code 255: NaN scale must give NaN, got {got}");
