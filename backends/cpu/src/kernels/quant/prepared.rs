@@ -182,8 +182,8 @@ impl<'a> Prepared<'a> {
                 }
                 match &self.int8 {
                     Some(Int8 { q, d, extras }) => {
-                        // A 512-bit kernel reads its own per-step values where the others
-                        // read sub-block sums.
+                        // A kernel of the variant's own reads its per-token extras where
+                        // the others read sub-block sums.
                         let (aux, auxs) = match extras {
                             Some(e) => (e, e.len() / n),
                             None => (&self.aux, auxs),
@@ -234,8 +234,8 @@ struct Int8 {
     q: Vec<i8>,
     /// One scale per 32 values, token-major.
     d: Vec<f32>,
-    /// What a 512-bit kernel reads beside them ([`crate::kernels::x86::qdot_i8::mxfp4_zmm::extras`]),
-    /// token-major.
+    /// What a kernel of the instruction variant's own reads beside them
+    /// ([`crate::kernels::x86::qdot_i8::Isa::own_sums`]), token-major.
     extras: Option<Vec<f32>>,
 }
 
@@ -255,7 +255,15 @@ fn int8_codes(x: &[f32], xs: usize, n: usize, kp: usize, dtype: DType, isa: crat
     let mut extras = None;
     // The activation order of the kernels that pair scale groups in one register.
     match dtype {
-        DType::Mxfp4 if isa.wide(dtype) => {
+        DType::Q8_0 if isa.own_sums(dtype) => {
+            let per = kp / qdot_i8::QK;
+            let mut e = vec![0f32; n * per];
+            for t in 0..n {
+                qdot_i8::q8_0u_extras(&q[t * kp..][..kp], &mut e[t * per..][..per]);
+            }
+            extras = Some(e);
+        }
+        DType::Mxfp4 if isa.own_sums(dtype) => {
             let per = kp / mxfp4_zmm::GROUP * mxfp4_zmm::EXTRAS;
             let mut e = vec![0f32; n * per];
             for t in 0..n {

@@ -123,8 +123,8 @@ pub(crate) enum Isa {
     /// `vpdpbusd` in its EVEX form on 256-bit registers (AVX512-VNNI with VL: Cascade Lake
     /// and later Xeons, Zen 4).
     Avx512Vnni,
-    /// As [`Isa::Avx512Vnni`], and 512-bit kernels where a type has one (MXFP4: with BW and
-    /// VBMI, Ice Lake and later, Zen 4), whose f32 sums add in another order.
+    /// As [`Isa::Avx512Vnni`] (with BW and VBMI: Ice Lake and later, Zen 4), and kernels of
+    /// its own where a type has one ([`Isa::own_sums`]), whose f32 sums add in another order.
     Avx512Vbmi,
 }
 
@@ -146,9 +146,11 @@ impl Isa {
         }
     }
 
-    /// Whether `dtype`'s products run a 512-bit kernel, with its own activation order.
-    pub(crate) fn wide(self, dtype: DType) -> bool {
-        self == Isa::Avx512Vbmi && dtype == DType::Mxfp4
+    /// Whether `dtype`'s products run a kernel of this variant's own, with its own activation
+    /// order and per-token extras: MXFP4 on 512-bit registers ([`mxfp4_zmm`]), Q8_0 with
+    /// unsigned codes ([`q8_0u_pair`]).
+    pub(crate) fn own_sums(self, dtype: DType) -> bool {
+        self == Isa::Avx512Vbmi && matches!(dtype, DType::Mxfp4 | DType::Q8_0)
     }
 
     /// The best variant for kernels running at `level`: the EVEX form only where AVX-512 is
@@ -172,15 +174,17 @@ impl Isa {
 /// sums of `isa`.
 ///
 /// # Safety
-/// See the module docs; `isa` is [`Isa::available`]; where [`Isa::wide`], the activations are
-/// in that kernel's order and `aux` holds its extras ([`mxfp4_zmm`]).
+/// See the module docs; `isa` is [`Isa::available`]; where [`Isa::own_sums`], the activations
+/// are in that kernel's order and `aux` holds its extras ([`mxfp4_zmm::extras`],
+/// [`q8_0u_extras`]).
 pub(crate) unsafe fn run(isa: Isa, dtype: DType, job: &Job, n: usize, nrows: usize) {
     debug_assert!((1..=4).contains(&n) && isa.available());
     match isa {
         Isa::Madd => madd::run(dtype, job, n, nrows),
         Isa::AvxVnni => avxvnni::run(dtype, job, n, nrows),
         Isa::Avx512Vnni => avx512vnni::run(dtype, job, n, nrows),
-        Isa::Avx512Vbmi if isa.wide(dtype) => mxfp4_zmm::run(job, n, nrows),
+        Isa::Avx512Vbmi if dtype == DType::Mxfp4 => mxfp4_zmm::run(job, n, nrows),
+        Isa::Avx512Vbmi if dtype == DType::Q8_0 => q8_0u::run(job, n, nrows),
         Isa::Avx512Vbmi => avx512vnni::run(dtype, job, n, nrows),
     }
 }
@@ -358,6 +362,7 @@ macro_rules! kernel {
 }
 
 kernel!(q8_0_rows, q8_0_pair, 32, 34, 0, 1.0, 2, q8_0_blk);
+kernel!(q8_0u_rows, q8_0u_pair, 32, 34, 1, 1.0, 2, q8_0u_blk);
 kernel!(q4_0_rows, q4_0_blk, 32, 18, 1, 1.0);
 kernel!(q4_k_rows, q4_k_blk, 256, 144, 8, 1.0);
 kernel!(q5_k_rows, q5_k_blk, 256, 176, 8, 1.0);
@@ -415,6 +420,19 @@ macro_rules! isa_kernels {
     };
 }
 
+/// The driver of [`q8_0u_pair`], on `vpdpbusd` only ([`Isa::Avx512Vbmi`]): `vpmaddubsw` would
+/// saturate on its unsigned codes.
+mod q8_0u {
+    use super::*;
+
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512vnni")]
+    unsafe fn rows<const R: usize, const N: usize>(j: &Job, r0: usize) {
+        q8_0u_rows::<Avx512Vnni, R, N>(j, r0)
+    }
+
+    entry!(pub(super) run, rows, 1);
+}
+
 isa_kernels!(madd, Madd, "avx2,fma,f16c");
 isa_kernels!(avxvnni, AvxVnni, "avx2,fma,f16c,avxvnni");
 isa_kernels!(avx512vnni, Avx512Vnni, "avx2,fma,f16c,avx512f,avx512vl,avx512vnni");
@@ -458,6 +476,64 @@ unsafe fn q8_0_pair<D: Dot, const R: usize, const N: usize>(
         for t in 0..N {
             let s0 = cvt(dot_s::<D>(w0, lda(q[t], 0)));
             let s1 = cvt(dot_s::<D>(w1, lda(q[t], QK)));
+            acc[r][t][0] = _mm256_fmadd_ps(s0, _mm256_mul_ps(d0, _mm256_broadcast_ss(&*d[t])), acc[r][t][0]);
+            acc[r][t][1] = _mm256_fmadd_ps(s1, _mm256_mul_ps(d1, _mm256_broadcast_ss(&*d[t].add(1))), acc[r][t][1]);
+        }
+    }
+}
+
+/// One token's extras for [`q8_0u_pair`]: per block of its int8 activations `q`, `−16·Σ q` (an
+/// i32 stored as its bits), which each of the block's eight lanes starts from.
+pub(crate) fn q8_0u_extras(q: &[i8], out: &mut [f32]) {
+    for (o, b) in out.iter_mut().zip(q.chunks_exact(QK)) {
+        *o = f32::from_bits((-16 * b.iter().map(|&v| v as i32).sum::<i32>()) as u32);
+    }
+}
+
+/// Q8_0 with its codes made unsigned (`q + 128`, one `vpxor` a block for every token) so that
+/// `vpdpbusd` takes the activations as they are, each lane starting from `−16·Σa` of the block
+/// ([`q8_0u_extras`]; eight lanes take off `128·Σa`): no sign moves per token, which were a
+/// fifth of [`q8_0_pair`]'s instructions for one token.
+#[inline(always)]
+unsafe fn q8_0u_blk<D: Dot, const R: usize, const N: usize>(
+    w: &[*const u8; R],
+    q: &[*const i8; N],
+    d: &[*const f32; N],
+    a: &[*const f32; N],
+    acc: &mut Acc<R, N>,
+) {
+    let flip = _mm256_set1_epi8(-128);
+    for r in 0..R {
+        let p = w[r];
+        let u = _mm256_xor_si256(_mm256_loadu_si256(p.add(2) as *const __m256i), flip);
+        let dw = f16_splat(p);
+        for t in 0..N {
+            let start = _mm256_set1_epi32(*(a[t] as *const i32));
+            let s = cvt(D::dot_u_acc(start, u, lda(q[t], 0)));
+            acc[r][t][0] = _mm256_fmadd_ps(s, _mm256_mul_ps(dw, _mm256_broadcast_ss(&*d[t])), acc[r][t][0]);
+        }
+    }
+}
+
+/// [`q8_0u_blk`], two blocks a step into two accumulators (as [`q8_0_pair`]).
+#[inline(always)]
+unsafe fn q8_0u_pair<D: Dot, const R: usize, const N: usize>(
+    w: &[*const u8; R],
+    q: &[*const i8; N],
+    d: &[*const f32; N],
+    a: &[*const f32; N],
+    acc: &mut Acc<R, N>,
+) {
+    let flip = _mm256_set1_epi8(-128);
+    for r in 0..R {
+        let p = w[r];
+        let u0 = _mm256_xor_si256(_mm256_loadu_si256(p.add(2) as *const __m256i), flip);
+        let u1 = _mm256_xor_si256(_mm256_loadu_si256(p.add(36) as *const __m256i), flip);
+        let (d0, d1) = (f16_splat(p), f16_splat(p.add(34)));
+        for t in 0..N {
+            let c = a[t] as *const i32;
+            let s0 = cvt(D::dot_u_acc(_mm256_set1_epi32(*c), u0, lda(q[t], 0)));
+            let s1 = cvt(D::dot_u_acc(_mm256_set1_epi32(*c.add(1)), u1, lda(q[t], QK)));
             acc[r][t][0] = _mm256_fmadd_ps(s0, _mm256_mul_ps(d0, _mm256_broadcast_ss(&*d[t])), acc[r][t][0]);
             acc[r][t][1] = _mm256_fmadd_ps(s1, _mm256_mul_ps(d1, _mm256_broadcast_ss(&*d[t].add(1))), acc[r][t][1]);
         }
