@@ -148,7 +148,7 @@ impl Isa {
 
     /// Whether `dtype`'s products run a kernel of this variant's own, with its own activation
     /// order and per-token extras: MXFP4 on 512-bit registers ([`mxfp4_zmm`]), Q8_0 with
-    /// unsigned codes ([`q8_0u_pair`]).
+    /// unsigned codes ([`q8_0u_quad`]).
     pub(crate) fn own_sums(self, dtype: DType) -> bool {
         self == Isa::Avx512Vbmi && matches!(dtype, DType::Mxfp4 | DType::Q8_0)
     }
@@ -362,7 +362,7 @@ macro_rules! kernel {
 }
 
 kernel!(q8_0_rows, q8_0_pair, 32, 34, 0, 1.0, 2, q8_0_blk);
-kernel!(q8_0u_rows, q8_0u_pair, 32, 34, 1, 1.0, 2, q8_0u_blk);
+kernel!(q8_0u_rows, q8_0u_quad, 32, 34, 1, 1.0, 4, q8_0u_blk);
 kernel!(q4_0_rows, q4_0_blk, 32, 18, 1, 1.0);
 kernel!(q4_k_rows, q4_k_blk, 256, 144, 8, 1.0);
 kernel!(q5_k_rows, q5_k_blk, 256, 176, 8, 1.0);
@@ -420,7 +420,7 @@ macro_rules! isa_kernels {
     };
 }
 
-/// The driver of [`q8_0u_pair`], on `vpdpbusd` only ([`Isa::Avx512Vbmi`]): `vpmaddubsw` would
+/// The driver of [`q8_0u_quad`], on `vpdpbusd` only ([`Isa::Avx512Vbmi`]): `vpmaddubsw` would
 /// saturate on its unsigned codes.
 mod q8_0u {
     use super::*;
@@ -482,7 +482,7 @@ unsafe fn q8_0_pair<D: Dot, const R: usize, const N: usize>(
     }
 }
 
-/// One token's extras for [`q8_0u_pair`]: per block of its int8 activations `q`, `−16·Σ q` (an
+/// One token's extras for [`q8_0u_quad`]: per block of its int8 activations `q`, `−16·Σ q` (an
 /// i32 stored as its bits), which each of the block's eight lanes starts from.
 pub(crate) fn q8_0u_extras(q: &[i8], out: &mut [f32]) {
     for (o, b) in out.iter_mut().zip(q.chunks_exact(QK)) {
@@ -515,9 +515,12 @@ unsafe fn q8_0u_blk<D: Dot, const R: usize, const N: usize>(
     }
 }
 
-/// [`q8_0u_blk`], two blocks a step into two accumulators (as [`q8_0_pair`]).
+/// [`q8_0u_blk`], four blocks a step, alternately into two accumulators (as [`q8_0_pair`]):
+/// one conversion gives the four weight scales and one multiply their products with the
+/// activation scales, where each block took a broadcast and a conversion of its scale and a
+/// multiply for every token; per block the f32 operations of [`q8_0u_blk`].
 #[inline(always)]
-unsafe fn q8_0u_pair<D: Dot, const R: usize, const N: usize>(
+unsafe fn q8_0u_quad<D: Dot, const R: usize, const N: usize>(
     w: &[*const u8; R],
     q: &[*const i8; N],
     d: &[*const f32; N],
@@ -527,15 +530,27 @@ unsafe fn q8_0u_pair<D: Dot, const R: usize, const N: usize>(
     let flip = _mm256_set1_epi8(-128);
     for r in 0..R {
         let p = w[r];
+        // Scalar loads of the scales: loading the blocks whole to permute the scales out made
+        // LLVM build the code vectors from those registers byte by byte (five times slower).
+        let f16 = |o: usize| (p.add(o) as *const u16).read_unaligned() as i32;
+        let ws = _mm_cvtph_ps(_mm_setr_epi32(f16(0) | f16(34) << 16, f16(68) | f16(102) << 16, 0, 0));
         let u0 = _mm256_xor_si256(_mm256_loadu_si256(p.add(2) as *const __m256i), flip);
         let u1 = _mm256_xor_si256(_mm256_loadu_si256(p.add(36) as *const __m256i), flip);
-        let (d0, d1) = (f16_splat(p), f16_splat(p.add(34)));
+        let u2 = _mm256_xor_si256(_mm256_loadu_si256(p.add(70) as *const __m256i), flip);
+        let u3 = _mm256_xor_si256(_mm256_loadu_si256(p.add(104) as *const __m256i), flip);
         for t in 0..N {
             let c = a[t] as *const i32;
+            let sc = _mm256_castps128_ps256(_mm_mul_ps(ws, _mm_loadu_ps(d[t])));
             let s0 = cvt(D::dot_u_acc(_mm256_set1_epi32(*c), u0, lda(q[t], 0)));
             let s1 = cvt(D::dot_u_acc(_mm256_set1_epi32(*c.add(1)), u1, lda(q[t], QK)));
-            acc[r][t][0] = _mm256_fmadd_ps(s0, _mm256_mul_ps(d0, _mm256_broadcast_ss(&*d[t])), acc[r][t][0]);
-            acc[r][t][1] = _mm256_fmadd_ps(s1, _mm256_mul_ps(d1, _mm256_broadcast_ss(&*d[t].add(1))), acc[r][t][1]);
+            let s2 = cvt(D::dot_u_acc(_mm256_set1_epi32(*c.add(2)), u2, lda(q[t], 2 * QK)));
+            let s3 = cvt(D::dot_u_acc(_mm256_set1_epi32(*c.add(3)), u3, lda(q[t], 3 * QK)));
+            let (b0, b1) = (_mm256_permutevar8x32_ps(sc, _mm256_set1_epi32(0)), _mm256_permutevar8x32_ps(sc, _mm256_set1_epi32(1)));
+            let (b2, b3) = (_mm256_permutevar8x32_ps(sc, _mm256_set1_epi32(2)), _mm256_permutevar8x32_ps(sc, _mm256_set1_epi32(3)));
+            acc[r][t][0] = _mm256_fmadd_ps(s0, b0, acc[r][t][0]);
+            acc[r][t][1] = _mm256_fmadd_ps(s1, b1, acc[r][t][1]);
+            acc[r][t][0] = _mm256_fmadd_ps(s2, b2, acc[r][t][0]);
+            acc[r][t][1] = _mm256_fmadd_ps(s3, b3, acc[r][t][1]);
         }
     }
 }
