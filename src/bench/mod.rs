@@ -21,7 +21,7 @@ use rayon::prelude::*;
 use std::time::Instant;
 
 /// A memory read bandwidth probe: several timed passes over one buffer, in each load pattern.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Default)]
 pub struct Bandwidth {
     /// Median pass of the faster pattern, GB/s (what rooflines are computed against).
     pub median: f64,
@@ -35,12 +35,6 @@ pub struct Bandwidth {
     pub loads: Loads,
     /// Median pass of the other pattern, GB/s.
     pub other_median: f64,
-}
-
-impl Default for Bandwidth {
-    fn default() -> Self {
-        Bandwidth { median: 0.0, min: 0.0, max: 0.0, passes: 0, loads: Loads::Plain, other_median: 0.0 }
-    }
 }
 
 /// Measures streaming read bandwidth over `bytes` of memory with `threads` threads: passes of

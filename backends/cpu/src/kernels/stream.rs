@@ -13,9 +13,10 @@
 use super::SimdLevel;
 
 /// How a probe pass reads memory.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Loads {
     /// Loads only; the hardware prefetchers alone run ahead.
+    #[default]
     Plain,
     /// Loads, and a software prefetch into L2 of the line the kernels' distance ahead.
     Ahead,

@@ -243,7 +243,7 @@ struct Int8 {
 /// for the kernels of `isa`.
 #[cfg(target_arch = "x86_64")]
 fn int8_codes(x: &[f32], xs: usize, n: usize, kp: usize, dtype: DType, isa: crate::kernels::x86::qdot_i8::Isa) -> Int8 {
-    use crate::kernels::x86::qdot_i8::{self, mxfp4_zmm};
+    use crate::kernels::x86::qdot_i8;
     let (mut q, mut d) = (vec![0i8; n * kp], vec![0f32; n * kp / qdot_i8::QK]);
     for t in 0..n {
         // SAFETY: `Prepared::new` confirmed AVX2/FMA/F16C; `kp` is a multiple of every int8
@@ -252,27 +252,19 @@ fn int8_codes(x: &[f32], xs: usize, n: usize, kp: usize, dtype: DType, isa: crat
             qdot_i8::quantize(&x[t * xs..][..kp], &mut q[t * kp..][..kp], &mut d[t * kp / qdot_i8::QK..][..kp / qdot_i8::QK])
         };
     }
-    let mut extras = None;
-    // The activation order of the kernels that pair scale groups in one register.
+    let own = isa.own_sums(dtype);
+    let extras = own.then(|| {
+        let (per, g) = (isa.extras_len(dtype, kp), kp / qdot_i8::QK);
+        let mut e = vec![0f32; n * per];
+        for t in 0..n {
+            isa.own_extras(dtype, &mut q[t * kp..][..kp], &d[t * g..][..g], &mut e[t * per..][..per]);
+        }
+        e
+    });
+    // The activation order of the kernels that pair scale groups in one register (the kernels
+    // of a variant's own were given theirs above).
     match dtype {
-        DType::Q8_0 if isa.own_sums(dtype) => {
-            let per = kp / qdot_i8::QK;
-            let mut e = vec![0f32; n * per];
-            for t in 0..n {
-                qdot_i8::q8_0u_extras(&q[t * kp..][..kp], &mut e[t * per..][..per]);
-            }
-            extras = Some(e);
-        }
-        DType::Mxfp4 if isa.own_sums(dtype) => {
-            let per = kp / mxfp4_zmm::GROUP * mxfp4_zmm::EXTRAS;
-            let mut e = vec![0f32; n * per];
-            for t in 0..n {
-                let (qt, dt) = (&mut q[t * kp..][..kp], &d[t * kp / qdot_i8::QK..][..kp / qdot_i8::QK]);
-                mxfp4_zmm::extras(qt, dt, &mut e[t * per..][..per]);
-                mxfp4_zmm::order(qt);
-            }
-            extras = Some(e);
-        }
+        _ if own => {}
         DType::Nvfp4 => qdot_i8::nvfp4_order(&mut q),
         DType::Q4K => qdot_i8::quarters_0213(&mut q),
         // Per token: whole pairs of blocks only, the last odd block as it is.
