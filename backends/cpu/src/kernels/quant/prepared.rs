@@ -11,9 +11,11 @@ use ft_backend::{DType, Result};
 /// (with AVX-512 BF16 and VBMI), and the types whose int8 kernel takes 4 tokens faster than a
 /// bf16 tile takes a prefill. A token's products are then the same alone, in a batch and in
 /// a prefill. One thread, cache-warm `2048 × 768`, GFLOP/s at 64 tokens, the int8 kernel in
-/// groups against the bf16 tiles: Q4_K 124 / 98, MXFP4 (at 4 tokens) 102 / 93, 122 / 93 on
-/// its 512-bit kernel; the others keep the tiles, their int8 kernels at 4 tokens being no
-/// faster (Q8_0 86 / 93, Q4_0 84 / 95, Q5_K 86 / 82, Q6_K 76 / 90, NVFP4 93 / 92).
+/// groups against the bf16 tiles (the tiles' figure moves by 15 % between runs here): Q4_K
+/// 120 / 77, MXFP4 128 / 82 (on its 512-bit kernel), Q6_K 110 / 81 (on its 512-bit kernel;
+/// 76 / 90 on the 256-bit one), Q8_0 97 / 67–87 (unsigned codes, activations 64-byte
+/// aligned); the others keep the tiles, their int8 kernels at 4 tokens being no clearly
+/// faster (Q5_K 78–90 / 72–83, Q4_0 80 / 80–86, NVFP4 90 / 81–87).
 pub(crate) fn in_groups(level: SimdLevel, dot: QuantDot, dtype: DType) -> bool {
     #[cfg(target_arch = "x86_64")]
     {
@@ -23,6 +25,8 @@ pub(crate) fn in_groups(level: SimdLevel, dot: QuantDot, dtype: DType) -> bool {
         match dtype {
             DType::F8E4M3 => crate::kernels::x86::fp8_bf16::available(),
             DType::Q4K | DType::Mxfp4 => true,
+            // Only their kernels of the variant's own beat the tiles.
+            DType::Q8_0 | DType::Q6K => crate::kernels::x86::qdot_i8::Isa::best(level).own_sums(dtype),
             _ => false,
         }
     }
@@ -41,12 +45,12 @@ pub(crate) struct Prepared<'a> {
     k: usize,
     x: std::borrow::Cow<'a, [f32]>,
     xs: usize,
-    aux: Vec<f32>,
+    aux: Aligned<f32>,
     /// Int8 codes and their scales (one per 32 values), token-major, when `dot` is `Int8`.
     int8: Option<Int8>,
     /// FP8's activations rounded to bf16 in its kernel's order, token-major, when `dot` is
     /// `Int8` and the CPU has AVX-512 BF16 and VBMI.
-    fp8_bf16: Option<Vec<u16>>,
+    fp8_bf16: Option<Aligned<u16>>,
     /// The integer instructions the int8 kernels use.
     #[cfg(target_arch = "x86_64")]
     isa: crate::kernels::x86::qdot_i8::Isa,
@@ -100,7 +104,7 @@ impl<'a> Prepared<'a> {
             };
             let blocks = kp / be;
             let apb = qdot::aux_per_block(dtype);
-            let mut aux = vec![0f32; n * blocks * apb];
+            let mut aux = Aligned::zeroed(n * blocks * apb);
             if let Some(g) = be.checked_div(apb) {
                 for t in 0..n {
                     for (s, c) in aux[t * blocks * apb..][..blocks * apb]
@@ -112,9 +116,9 @@ impl<'a> Prepared<'a> {
                 }
             }
             let isa = qdot_i8::Isa::best(level);
-            let int8 = (dot == QuantDot::Int8 && qdot_i8::supported(dtype)).then(|| int8_codes(&xv, xs, n, kp, dtype, isa));
+            let int8 = (dot == QuantDot::Int8 && qdot_i8::supported(dtype)).then(|| int8_codes(&xv, xs, n, kp, dtype, isa, &aux));
             let fp8_bf16 = (dot == QuantDot::Int8 && dtype == DType::F8E4M3 && crate::kernels::x86::fp8_bf16::available()).then(|| {
-                let mut v = vec![0u16; n * kp];
+                let mut v = Aligned::zeroed(n * kp);
                 for t in 0..n {
                     crate::kernels::x86::fp8_bf16::prepare(&xv[t * xs..][..kp], &mut v[t * kp..][..kp]);
                 }
@@ -141,7 +145,7 @@ impl<'a> Prepared<'a> {
         self.isa = isa;
         if self.int8.is_some() {
             let kp = self.dtype.padded(self.k);
-            self.int8 = Some(int8_codes(&self.x, self.xs, self.n, kp, self.dtype, isa));
+            self.int8 = Some(int8_codes(&self.x, self.xs, self.n, kp, self.dtype, isa, &self.aux));
         }
         self
     }
@@ -231,20 +235,20 @@ impl<'a> Prepared<'a> {
 /// A product's int8 activations.
 struct Int8 {
     /// Codes, token-major, in the order of the kernel that reads them.
-    q: Vec<i8>,
+    q: Aligned<i8>,
     /// One scale per 32 values, token-major.
     d: Vec<f32>,
     /// What a kernel of the instruction variant's own reads beside them
     /// ([`crate::kernels::x86::qdot_i8::Isa::own_sums`]), token-major.
-    extras: Option<Vec<f32>>,
+    extras: Option<Aligned<f32>>,
 }
 
 /// Quantizes `n` tokens of `x` (stride `xs`, `kp` values each, whole blocks of `dtype`) to int8
-/// for the kernels of `isa`.
+/// for the kernels of `isa`; `aux` holds the tokens' exact sub-block sums.
 #[cfg(target_arch = "x86_64")]
-fn int8_codes(x: &[f32], xs: usize, n: usize, kp: usize, dtype: DType, isa: crate::kernels::x86::qdot_i8::Isa) -> Int8 {
+fn int8_codes(x: &[f32], xs: usize, n: usize, kp: usize, dtype: DType, isa: crate::kernels::x86::qdot_i8::Isa, aux: &[f32]) -> Int8 {
     use crate::kernels::x86::qdot_i8;
-    let (mut q, mut d) = (vec![0i8; n * kp], vec![0f32; n * kp / qdot_i8::QK]);
+    let (mut q, mut d) = (Aligned::zeroed(n * kp), vec![0f32; n * kp / qdot_i8::QK]);
     for t in 0..n {
         // SAFETY: `Prepared::new` confirmed AVX2/FMA/F16C; `kp` is a multiple of every int8
         // type's block, itself a multiple of QK, and the slices are sized so.
@@ -255,9 +259,10 @@ fn int8_codes(x: &[f32], xs: usize, n: usize, kp: usize, dtype: DType, isa: crat
     let own = isa.own_sums(dtype);
     let extras = own.then(|| {
         let (per, g) = (isa.extras_len(dtype, kp), kp / qdot_i8::QK);
-        let mut e = vec![0f32; n * per];
+        let sums = aux.len() / n;
+        let mut e = Aligned::zeroed(n * per);
         for t in 0..n {
-            isa.own_extras(dtype, &mut q[t * kp..][..kp], &d[t * g..][..g], &mut e[t * per..][..per]);
+            isa.own_extras(dtype, &mut q[t * kp..][..kp], &d[t * g..][..g], &aux[t * sums..][..sums], &mut e[t * per..][..per]);
         }
         e
     });
@@ -272,4 +277,39 @@ fn int8_codes(x: &[f32], xs: usize, n: usize, kp: usize, dtype: DType, isa: crat
         _ => {}
     }
     Int8 { q, d, extras }
+}
+
+/// A zeroed buffer whose first element sits on a 64-byte boundary. The kernels read activations
+/// in 32- and 64-byte loads, and a load that straddles two cache lines costs two: with the
+/// codes and extras of a 2048-value token at 64-byte offsets, one warm thread's Q6_K product
+/// at 4 tokens went from 23.0 to 18.3 ns a row and block (Q6_K on 512-bit registers).
+pub(crate) struct Aligned<T> {
+    buf: Vec<T>,
+    off: usize,
+    len: usize,
+}
+
+impl<T: Copy + Default> Aligned<T> {
+    /// `len` zeroed values.
+    pub(crate) fn zeroed(len: usize) -> Self {
+        let size = std::mem::size_of::<T>().max(1);
+        let buf = vec![T::default(); len + 64 / size];
+        // The allocation is aligned to `T`, so the distance to the next boundary is a whole
+        // number of values.
+        let off = (buf.as_ptr() as usize).wrapping_neg() % 64 / size;
+        Self { buf, off, len }
+    }
+}
+
+impl<T> std::ops::Deref for Aligned<T> {
+    type Target = [T];
+    fn deref(&self) -> &[T] {
+        &self.buf[self.off..][..self.len]
+    }
+}
+
+impl<T> std::ops::DerefMut for Aligned<T> {
+    fn deref_mut(&mut self) -> &mut [T] {
+        &mut self.buf[self.off..][..self.len]
+    }
 }

@@ -23,6 +23,7 @@ use super::qdot::{f16_splat, f16x2, hsum, k4_scales, prefetch_offset, E2M1_X2};
 
 mod fp4;
 pub(crate) mod mxfp4_zmm;
+pub(crate) mod q6_k_zmm;
 use fp4::{mxfp4_blk, mxfp4_pair, nvfp4_blk};
 pub(crate) use fp4::nvfp4_order;
 #[cfg(test)]
@@ -147,33 +148,36 @@ impl Isa {
     }
 
     /// Whether `dtype`'s products run a kernel of this variant's own, with its own activation
-    /// order and per-token extras: MXFP4 on 512-bit registers ([`mxfp4_zmm`]), Q8_0 with
-    /// unsigned codes ([`q8_0u_quad`]).
+    /// order and per-token extras: MXFP4 and Q6_K on 512-bit registers ([`mxfp4_zmm`],
+    /// [`q6_k_zmm`]), Q8_0 with unsigned codes ([`q8_0u_quad`]).
     pub(crate) fn own_sums(self, dtype: DType) -> bool {
-        self == Isa::Avx512Vbmi && matches!(dtype, DType::Mxfp4 | DType::Q8_0)
+        self == Isa::Avx512Vbmi && matches!(dtype, DType::Mxfp4 | DType::Q8_0 | DType::Q6K)
     }
 
     /// Extras per token of `kp` values that `dtype`'s kernel of this variant's own reads
     /// ([`Isa::own_sums`]).
     pub(crate) fn extras_len(self, dtype: DType, kp: usize) -> usize {
         debug_assert!(self.own_sums(dtype));
-        if dtype == DType::Mxfp4 {
-            kp / mxfp4_zmm::GROUP * mxfp4_zmm::EXTRAS
-        } else {
-            kp / QK
+        match dtype {
+            DType::Mxfp4 => kp / mxfp4_zmm::GROUP * mxfp4_zmm::EXTRAS,
+            DType::Q6K => kp / dtype.block_elems() * q6_k_zmm::EXTRAS,
+            _ => kp / QK,
         }
     }
 
     /// One token's extras for `dtype`'s kernel of this variant's own into `out`
-    /// ([`Isa::extras_len`] values), from its codes `q` (natural order) and scales `d`; `q`
-    /// is left in that kernel's order.
-    pub(crate) fn own_extras(self, dtype: DType, q: &mut [i8], d: &[f32], out: &mut [f32]) {
+    /// ([`Isa::extras_len`] values), from its codes `q` (natural order), scales `d` and exact
+    /// sub-block sums `sums` ([`super::qdot::aux_per_block`] a block); `q` is left in that
+    /// kernel's order.
+    pub(crate) fn own_extras(self, dtype: DType, q: &mut [i8], d: &[f32], sums: &[f32], out: &mut [f32]) {
         debug_assert!(self.own_sums(dtype));
-        if dtype == DType::Mxfp4 {
-            mxfp4_zmm::extras(q, d, out);
-            mxfp4_zmm::order(q);
-        } else {
-            q8_0u_extras(q, out);
+        match dtype {
+            DType::Mxfp4 => {
+                mxfp4_zmm::extras(q, d, out);
+                mxfp4_zmm::order(q);
+            }
+            DType::Q6K => q6_k_zmm::extras(d, sums, out),
+            _ => q8_0u_extras(q, out),
         }
     }
 
@@ -209,6 +213,7 @@ pub(crate) unsafe fn run(isa: Isa, dtype: DType, job: &Job, n: usize, nrows: usi
         Isa::Avx512Vnni => avx512vnni::run(dtype, job, n, nrows),
         Isa::Avx512Vbmi if dtype == DType::Mxfp4 => mxfp4_zmm::run(job, n, nrows),
         Isa::Avx512Vbmi if dtype == DType::Q8_0 => q8_0u::run(job, n, nrows),
+        Isa::Avx512Vbmi if dtype == DType::Q6K => q6_k_zmm::run(job, n, nrows),
         Isa::Avx512Vbmi => avx512vnni::run(dtype, job, n, nrows),
     }
 }
