@@ -163,25 +163,61 @@ fn whole_rows(w: &[u8], out_len: usize, n: usize, m: usize, k: usize, dtype: DTy
 /// dequantized and rounded to bf16 (no coarser than the int8 activations the mode already
 /// accepts), where the f32 tiles ran at half the rate. FP8 is not rounded here: it meets bf16
 /// activations in its own kernel at every token count ([`super::quant::in_groups`]), or stays
-/// exact; the types that run their int8 kernels at every token count skip the tiles too.
-fn bf16_activations(level: SimdLevel, dot: QuantDot, x: &[f32], n: usize, k: usize, dtype: DType) -> Result<Option<Vec<u16>>> {
+/// exact; the types that run their int8 kernels at every token count skip the tiles too. All
+/// of them, FP8 included, are rounded for products that take the AMX tiles.
+///
+/// Products of at least [`super::x86::amx::MIN_TOKENS`] tokens also get the activations in
+/// AMX tile order where the CPU has the tiles (and `k` is whole tile steps).
+fn bf16_activations(level: SimdLevel, dot: QuantDot, x: &[f32], n: usize, k: usize, dtype: DType) -> Result<Option<Bf16X>> {
     #[cfg(target_arch = "x86_64")]
     {
         use super::x86::dpbf16;
+        // FP8 is rounded to bf16 only for the AMX tiles (~4× its own kernel's rate).
         let quantized_prefill = dtype.is_quantized()
-            && dtype != DType::F8E4M3
+            && (dtype != DType::F8E4M3 || amx_tiles(level, dot, n, k))
             && n > super::x86::qdot::MAX_TOKENS
-            && !super::quant::in_groups(level, dot, dtype);
+            && !super::quant::in_groups(level, dot, dtype, n, k);
         if n > 0 && dot == QuantDot::Int8 && (dtype == DType::BF16 || quantized_prefill) && level.effective() == SimdLevel::Avx512 && dpbf16::available() {
             let len = need(n, k, "n·k")?;
             let x = x.get(..len).ok_or_else(|| shape_err(format!("matmul of {n} tokens × k={k}: x holds {} values", x.len())))?;
             let mut xb = vec![0u16; len];
             round_bf16(x, &mut xb);
-            return Ok(Some(xb));
+            let tiles = amx_tiles(level, dot, n, k).then(|| super::x86::amx::prepare(&xb, n, k));
+            return Ok(Some(Bf16X { rows: xb, tiles }));
         }
     }
     let _ = (level, dot, x, n, k, dtype);
     Ok(None)
+}
+
+/// Whether a product of `n` tokens of `k` in the bf16 path takes the AMX tiles: reduced
+/// precision allowed by `dot`, AVX-512 BF16 in use, the tiles granted, at least
+/// [`super::x86::amx::MIN_TOKENS`] tokens and `k` in whole tile steps.
+pub(crate) fn amx_tiles(level: SimdLevel, dot: QuantDot, n: usize, k: usize) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use super::x86::{amx, dpbf16};
+        dot == QuantDot::Int8
+            && level.effective() == SimdLevel::Avx512
+            && n >= amx::MIN_TOKENS
+            && k % amx::KSTEP == 0
+            && dpbf16::available()
+            && amx::available()
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (level, dot, n, k);
+        false
+    }
+}
+
+/// A product's activations rounded to bf16 ([`bf16_activations`]).
+pub(crate) struct Bf16X {
+    /// `[n, k]`, row-major.
+    pub rows: Vec<u16>,
+    /// The same in AMX tile order ([`super::x86::amx::prepare`]), where the tiles run this
+    /// product.
+    pub tiles: Option<Vec<u16>>,
 }
 
 /// `src` rounded to bf16 (nearest even) into `dst` (as long as `src`).
@@ -201,13 +237,15 @@ pub(crate) fn round_bf16(src: &[f32], dst: &mut [u16]) {
 /// `out[t*os + r - rows.start] = xb[t, :] · w[r, :]` with bf16 activations `xb` (`[n, k]`)
 /// and bf16 weight rows (`k` elements each, contiguous); `w` and `out` were checked to cover
 /// `rows` by the caller, and `xb` is only ever made by [`bf16_activations`], on a CPU that has
-/// the instructions.
-pub(crate) fn bf16_rows(xb: &[u16], n: usize, k: usize, w: &[u8], rows: Range<usize>, out: &mut [f32], os: usize) {
+/// the instructions. Whole tiles of 16 rows take the AMX tiles where `xb` has their order.
+pub(crate) fn bf16_rows(xb: &Bf16X, n: usize, k: usize, w: &[u8], rows: Range<usize>, out: &mut [f32], os: usize) {
     #[cfg(target_arch = "x86_64")]
     {
         use super::x86::dpbf16::{self, tile, Ahead, ROWS, TOKENS};
-        use super::x86::Tile;
+        use super::x86::{amx, Tile};
         let nrows = rows.len();
+        let xt = &xb.tiles;
+        let xb = &xb.rows;
         // A violated contract panics here rather than running the intrinsics out of bounds or
         // on a CPU without them.
         assert!(dpbf16::available(), "bf16 products need AVX-512 BF16");
@@ -215,6 +253,14 @@ pub(crate) fn bf16_rows(xb: &[u16], n: usize, k: usize, w: &[u8], rows: Range<us
         let wp = w.as_ptr().wrapping_add(rows.start * k * 2);
         let tiles = n.div_ceil(TOKENS);
         let mut r = 0;
+        if let Some(xt) = xt {
+            assert!(amx::available() && xt.len() >= n.div_ceil(amx::TILE) * amx::TILE * k, "AMX product extents");
+            let row_tiles = nrows / amx::TILE;
+            // SAFETY: the tiles were granted (`xt` exists only then), the extents were checked
+            // above and `xt` is `amx::prepare`'s output for these `n` tokens of `k`.
+            unsafe { amx::rows(xt, n, k, wp, row_tiles, out.as_mut_ptr(), os) };
+            r = row_tiles * amx::TILE;
+        }
         while r < nrows {
             let nr = if nrows - r >= ROWS { ROWS } else { 1 };
             // The next row block's bytes, shared out among this block's token tiles.

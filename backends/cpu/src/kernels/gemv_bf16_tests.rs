@@ -54,7 +54,7 @@ fn activations_round_to_nearest_even() {
         assert!(got.is_none());
         return;
     }
-    let got = got.expect("bf16 path on a CPU with AVX-512 BF16");
+    let got = got.expect("bf16 path on a CPU with AVX-512 BF16").rows;
     let want: Vec<u16> = x
         .iter()
         .map(|&v| half::bf16::from_f32(v).to_bits())
@@ -94,6 +94,10 @@ fn product_matches_rounded_reference() {
         (19, 2053, 33),
         (31, 768, 130),
         (64, 96, 4),
+        // AMX tiles: one and two row tiles, one and two token tiles.
+        (16, 64, 16),
+        (20, 64, 48),
+        (47, 128, 40),
     ] {
         let x = values(n * k, (n * k) as u64);
         let wf = values(m * k, (m + k) as u64);
@@ -116,8 +120,10 @@ fn product_matches_rounded_reference() {
                 );
                 if has_dpbf16() {
                     // The products of bf16 pairs are exact in f32; what remains is f32
-                    // accumulation: one rounding per 32-element step and lane, 8 to reduce.
-                    let tol = (k as f64 / 32.0 + 8.0) * mag * f64::from(f32::EPSILON);
+                    // accumulation: one rounding per 32-element step and lane, 8 to reduce;
+                    // the AMX tiles round once per pair.
+                    let steps = if amx_takes(n, k) { k as f64 / 2.0 } else { k as f64 / 32.0 + 8.0 };
+                    let tol = steps * mag * f64::from(f32::EPSILON);
                     assert!(
                         (g - rounded).abs() <= tol,
                         "n={n} k={k} [{t},{r}]: {g} vs rounded {rounded} (tol {tol})"
@@ -130,12 +136,18 @@ fn product_matches_rounded_reference() {
     }
 }
 
+/// Whether a bf16 product of `n` tokens of `k` takes the AMX tiles on this CPU.
+fn amx_takes(n: usize, k: usize) -> bool {
+    amx_tiles(SimdLevel::Auto, QuantDot::Int8, n, k)
+}
+
 #[test]
 fn a_token_gets_the_same_bits_whatever_shares_the_product() {
     // Batching must not change a sequence's numbers: with bf16 activations each token's row
     // of the product is the one it gets alone, bit for bit (ragged row ends, pool split or
-    // not). (The exact kernels tile 1 and 2–6 tokens with different accumulator splits, so
-    // they agree only to rounding.)
+    // not), in every product of fewer tokens than take the AMX tiles (batched decode). (The
+    // exact kernels tile 1 and 2–6 tokens with different accumulator splits, so they agree
+    // only to rounding.)
     if !has_dpbf16() {
         eprintln!("skipped: this CPU has no AVX-512 BF16, the bf16 activation path is not taken");
         return;
@@ -163,7 +175,7 @@ fn a_token_gets_the_same_bits_whatever_shares_the_product() {
             )
             .expect("alone");
         }
-        for n in [2, 5, 12, 20] {
+        for n in [2, 5, 12, 15] {
             let mut together = vec![0f32; n * m];
             matmul(
                 &pool,
@@ -204,8 +216,9 @@ fn short_inputs_are_shape_errors() {
 
 #[test]
 fn quantized_prefill_matches_rounded_dequantized_reference() {
-    // Past 4 tokens the int8 mode gives integer block types dequantized rows rounded to bf16;
-    // up to 4 it keeps their int8 kernels; FP8 meets bf16 activations in its own kernel, four
+    // Past 4 tokens the int8 mode gives integer block types dequantized rows rounded to bf16
+    // (on the AMX tiles from 16 tokens where the CPU has them); up to 4 it keeps their int8
+    // kernels; FP8 meets bf16 activations in its own kernel, four
     // tokens at a time (AVX-512 VBMI; checked in `fused_tests`), and stays exact elsewhere.
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(2)
@@ -225,15 +238,15 @@ fn quantized_prefill_matches_rounded_dequantized_reference() {
                     &mut deq[r * dtype.padded(k)..][..dtype.padded(k)],
                 );
             }
-            for n in [5, 13] {
+            for n in [5, 13, 20] {
                 let x = values(n * k, n as u64 + 40);
                 let (got, exact) = both_modes(&pool, &x, n, k, &w, dtype, m);
                 // Types that take their fused kernels at every token count are checked
                 // against each token alone (`int8_tests::grouped_prefill_equals_each_token_alone`).
-                if super::super::quant::in_groups(SimdLevel::Auto, QuantDot::Int8, dtype) {
+                if super::super::quant::in_groups(SimdLevel::Auto, QuantDot::Int8, dtype, n, k) {
                     continue;
                 }
-                let bf16_path = has_dpbf16() && dtype != DType::F8E4M3;
+                let bf16_path = has_dpbf16() && (dtype != DType::F8E4M3 || amx_takes(n, k));
                 for t in 0..n {
                     for r in 0..m {
                         let row = &deq[r * dtype.padded(k)..][..k];
@@ -250,7 +263,8 @@ fn quantized_prefill_matches_rounded_dequantized_reference() {
                             "{dtype} n={n} [{t},{r}]: {g} vs {full}"
                         );
                         if bf16_path {
-                            let tol = (k as f64 / 32.0 + 8.0) * mag * f64::from(f32::EPSILON);
+                            let steps = if amx_takes(n, k) { k as f64 / 2.0 } else { k as f64 / 32.0 + 8.0 };
+                            let tol = steps * mag * f64::from(f32::EPSILON);
                             assert!(
                                 (g - rounded).abs() <= tol,
                                 "{dtype} n={n} [{t},{r}]: {g} vs rounded {rounded}"
@@ -285,5 +299,32 @@ fn task_rows_caps_bytes_and_keeps_chunks() {
         let per = task_rows(threads, m, rb);
         assert!(per >= 1 && per.is_multiple_of(CHUNK_ROWS));
         assert!(m.div_ceil(per) * per >= m);
+    }
+}
+
+/// Products of at least `amx::MIN_TOKENS` tokens on the AMX tiles: a token's row is the same
+/// in every such product (the tiles sum each (row, token) over k in one order, whatever the
+/// other tokens), rows past the last whole tile of 16 included, and within the rounding bound
+/// of the product of the bf16-rounded values (checked in `product_matches_rounded_reference`).
+#[test]
+fn tile_products_agree_across_token_counts() {
+    if !amx_takes(64, 64) {
+        eprintln!("skipped: this CPU has no AMX tiles (or the kernel refused them)");
+        return;
+    }
+    let pool = rayon::ThreadPoolBuilder::new().num_threads(2).build().expect("pool");
+    for (k, m) in [(64, 35), (2048, 130)] {
+        let w = ft_backend::dtype::from_f32_slice(&values(m * k, 7), DType::BF16);
+        let x = values(50 * k, 8);
+        let run = |n: usize, t0: usize| {
+            let mut out = vec![f32::NAN; n * m];
+            matmul(&pool, SimdLevel::Auto, QuantDot::Int8, &x[t0 * k..][..n * k], n, k, &w, DType::BF16, m, &mut out).expect("matmul");
+            out
+        };
+        let all = run(50, 0);
+        for (n, t0) in [(16, 0), (17, 33), (32, 3), (40, 10)] {
+            let part = run(n, t0);
+            assert_eq!(part, all[t0 * m..][..n * m], "k={k} n={n} from token {t0}");
+        }
     }
 }

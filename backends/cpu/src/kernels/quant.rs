@@ -111,7 +111,7 @@ pub(crate) fn block(
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn block_bf16(
     level: SimdLevel,
-    xb: &[u16],
+    xb: &super::gemv::Bf16X,
     n: usize,
     k: usize,
     w: &[u8],
@@ -121,10 +121,10 @@ pub(crate) fn block_bf16(
     os: usize,
 ) -> Result<()> {
     check_weights(k, w, dtype, nrows)?;
-    if n == 0 || xb.len() < n * k || out.len() < (n - 1) * os + nrows {
+    if n == 0 || xb.rows.len() < n * k || out.len() < (n - 1) * os + nrows {
         return Err(shape_err(format!(
             "{dtype} matmul of {n} tokens × {nrows} rows × k={k}: x holds {}, out {}",
-            xb.len(),
+            xb.rows.len(),
             out.len()
         )));
     }

@@ -206,7 +206,7 @@ fn pool_split_matches_single_thread() {
 fn grouped_prefill_equals_each_token_alone() {
     let pool = rayon::ThreadPoolBuilder::new().num_threads(3).build().expect("pool");
     let mut rng = Rng::new(0x9a7);
-    let grouped: Vec<DType> = DType::QUANTIZED.into_iter().filter(|&d| in_groups(SimdLevel::Auto, QuantDot::Int8, d)).collect();
+    let grouped: Vec<DType> = DType::QUANTIZED.into_iter().filter(|&d| in_groups(SimdLevel::Auto, QuantDot::Int8, d, 5, 5 * d.block_elems())).collect();
     if grouped.is_empty() {
         println!("skipped: this CPU runs no type's fused kernels in groups (needs AVX-512)");
         return;

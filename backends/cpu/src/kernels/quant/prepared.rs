@@ -15,11 +15,16 @@ use ft_backend::{DType, Result};
 /// 120 / 77, MXFP4 128 / 82 (on its 512-bit kernel), Q6_K 110 / 81 (on its 512-bit kernel;
 /// 76 / 90 on the 256-bit one), Q8_0 97 / 67–87 (unsigned codes, activations 64-byte
 /// aligned); the others keep the tiles, their int8 kernels at 4 tokens being no clearly
-/// faster (Q5_K 78–90 / 72–83, Q4_0 80 / 80–86, NVFP4 90 / 81–87).
-pub(crate) fn in_groups(level: SimdLevel, dot: QuantDot, dtype: DType) -> bool {
+/// faster (Q5_K 78–90 / 72–83, Q4_0 80 / 80–86, NVFP4 90 / 81–87). Where a product of `n`
+/// tokens of `k` takes the AMX tiles ([`crate::kernels::gemv::amx_tiles`]) every type goes to
+/// them instead, dequantized to bf16 (2–4× these kernels' rate).
+pub(crate) fn in_groups(level: SimdLevel, dot: QuantDot, dtype: DType, n: usize, k: usize) -> bool {
     #[cfg(target_arch = "x86_64")]
     {
         if dot != QuantDot::Int8 || level.effective() != SimdLevel::Avx512 {
+            return false;
+        }
+        if crate::kernels::gemv::amx_tiles(level, dot, n, k) {
             return false;
         }
         match dtype {
@@ -32,7 +37,7 @@ pub(crate) fn in_groups(level: SimdLevel, dot: QuantDot, dtype: DType) -> bool {
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
-        let _ = (level, dot, dtype);
+        let _ = (level, dot, dtype, n, k);
         false
     }
 }
@@ -76,7 +81,7 @@ impl<'a> Prepared<'a> {
         {
             use crate::kernels::x86::{qdot, qdot_i8};
             if n == 0
-                || (n > qdot::MAX_TOKENS && !in_groups(level, dot, dtype))
+                || (n > qdot::MAX_TOKENS && !in_groups(level, dot, dtype, n, k))
                 || !matches!(level.effective(), SimdLevel::Avx2 | SimdLevel::Avx512)
                 || !qdot::supported(dtype)
             {

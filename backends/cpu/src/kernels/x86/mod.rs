@@ -46,6 +46,7 @@ pub(crate) unsafe fn prefetch(p: *const u8) {
 }
 
 pub(crate) mod avx2;
+pub(crate) mod amx;
 pub(crate) mod avx512;
 pub(crate) mod dpbf16;
 pub(crate) mod fp8_bf16;
