@@ -4,7 +4,8 @@
 //! at cache sizes 0, half and all, with prefix reuse on and off and KV pages of 4, 5 and 64
 //! rows; its step logits within 1e-3
 //! of the same sequence alone (the matmul kernels sum in a different order for different
-//! token counts, nothing more), and the reference prompts' tokens equal transformers'. Also
+//! token counts, nothing more; 2e-2 where AMX tiles take steps of 16 tokens, see
+//! `logit_tolerance`), and the reference prompts' tokens equal transformers'. Also
 //! with a Q8_0 KV cache, and FP8 weights under the int8 mode.
 
 use crate::common::*;
@@ -75,6 +76,19 @@ async fn check(name: &str, slots: u64, mode: MoeMode, reuse: bool, pages: usize,
     check_dir(name, &fixture(name).join("checkpoint"), true, slots, mode, reuse, pages, kv, dot).await;
 }
 
+/// How far a sequence's step logits may move between alone and in a batch: 1e-3 where the
+/// kernels only sum in another order. Under the int8 mode on a CPU with AMX tiles, a step of
+/// 16 tokens or more (a batch here, never a sequence alone with 12-token chunks) takes the
+/// tiles, and their last-bit differences can flip the bf16 rounding of a later product's
+/// activations (one bf16 step, 2⁻⁸ of a value): 2e-2 there, the tokens still equal.
+fn logit_tolerance(dot: QuantDot) -> f32 {
+    if dot == QuantDot::Int8 && ft_backend_cpu::kernels::amx_tiles() {
+        2e-2
+    } else {
+        1e-3
+    }
+}
+
 /// [`check`] on the checkpoint in `dir` (the fixture `name`'s prompts); its first prompts'
 /// tokens are compared with transformers' when `reference` (the fixture's own weights).
 #[allow(clippy::too_many_arguments)]
@@ -116,7 +130,7 @@ async fn check_dir(name: &str, dir: &Path, reference: bool, slots: u64, mode: Mo
         assert_eq!(ids_b, ids_a, "{what} prompt {i}: tokens in the batch differ from alone");
         for (s, (a, b)) in log_a.iter().zip(log_b).enumerate() {
             let d = max_abs_diff(a, b);
-            assert!(d <= 1e-3, "{what} prompt {i} step {s}: logits differ by {d}");
+            assert!(d <= logit_tolerance(dot), "{what} prompt {i} step {s}: logits differ by {d}");
         }
         if reference && i < 3 {
             let want: Vec<u32> = r["generation"][i]["new_ids"].as_array().unwrap().iter().take(GEN).map(|x| x.as_u64().unwrap() as u32).collect();
@@ -141,7 +155,7 @@ fn batched_steps_give_every_sequence_its_tokens_alone() {
         }
         // The engine's default int8 mode gives bf16 weights bf16 activations at every token
         // count (CPUs with AVX-512 BF16), so a sequence's numbers stay its own in a batch
-        // there too. (In this test, not a second one: two at once on 2 cores starve the
+        // there too, to the last bit below 16 tokens a step (see `logit_tolerance`). (In this test, not a second one: two at once on 2 cores starve the
         // arrivals the max_batch check waits for.)
         for reuse in [true, false] {
             check("qwen3_moe_bf16", 0, MoeMode::Cpu, reuse, 4, DType::F16, QuantDot::Int8).await;

@@ -33,6 +33,14 @@ pub use stream::{stream_sum, Loads};
 
 use ft_backend::{BackendError, Result};
 
+/// Whether bf16 products of 16 tokens or more run on AMX tiles here (the CPU has AMX-TILE,
+/// AMX-BF16 and AVX-512 BF16, Linux granted the tile state, `FT_NO_AMX` is unset): their sums
+/// then add in the tiles' order, so a token's last bits depend on whether its product had 16
+/// tokens.
+pub fn amx_tiles() -> bool {
+    gemv::amx_tiles(SimdLevel::Auto, QuantDot::Int8, 16, 32)
+}
+
 /// A shape error with `msg`.
 pub(crate) fn shape_err(msg: impl Into<String>) -> BackendError {
     BackendError::Shape(msg.into())
