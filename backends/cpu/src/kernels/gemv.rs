@@ -163,8 +163,10 @@ fn whole_rows(w: &[u8], out_len: usize, n: usize, m: usize, k: usize, dtype: DTy
 /// dequantized and rounded to bf16 (no coarser than the int8 activations the mode already
 /// accepts), where the f32 tiles ran at half the rate. FP8 is not rounded here: it meets bf16
 /// activations in its own kernel at every token count ([`super::quant::in_groups`]), or stays
-/// exact; the types that run their int8 kernels at every token count skip the tiles too. All
-/// of them, FP8 included, are rounded for products that take the AMX tiles.
+/// exact; the types that run their int8 kernels at every token count skip the tiles too,
+/// except in products that take the AMX tiles. (FP8 never: its weights would be rounded with
+/// their block scales, where its own kernel keeps them exact; that moved the logits of the
+/// FP8 fixture by 0.36 between a sequence alone and in a batch.)
 ///
 /// Products of at least [`super::x86::amx::MIN_TOKENS`] tokens also get the activations in
 /// AMX tile order where the CPU has the tiles (and `k` is whole tile steps).
@@ -172,9 +174,8 @@ fn bf16_activations(level: SimdLevel, dot: QuantDot, x: &[f32], n: usize, k: usi
     #[cfg(target_arch = "x86_64")]
     {
         use super::x86::dpbf16;
-        // FP8 is rounded to bf16 only for the AMX tiles (~4× its own kernel's rate).
         let quantized_prefill = dtype.is_quantized()
-            && (dtype != DType::F8E4M3 || amx_tiles(level, dot, n, k))
+            && dtype != DType::F8E4M3
             && n > super::x86::qdot::MAX_TOKENS
             && !super::quant::in_groups(level, dot, dtype, n, k);
         if n > 0 && dot == QuantDot::Int8 && (dtype == DType::BF16 || quantized_prefill) && level.effective() == SimdLevel::Avx512 && dpbf16::available() {
