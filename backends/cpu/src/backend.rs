@@ -67,7 +67,9 @@ impl Backend for CpuBackend {
 
     fn device_name(&self) -> String {
         let model = cpu_model().unwrap_or_else(|| "CPU".to_string());
-        format!("{model} ({} threads, {})", self.threads, self.simd)
+        // The tiles take the reduced-precision (int8-mode) prefill products only.
+        let amx = if self.quant_dot == crate::QuantDot::Int8 && self.simd.effective() == crate::SimdLevel::Avx512 && crate::kernels::amx_tiles() { ", AMX tiles" } else { "" };
+        format!("{model} ({} threads, {}{amx})", self.threads, self.simd)
     }
 
     fn memory_info(&self) -> Result<MemoryInfo> {

@@ -201,7 +201,7 @@ pub(crate) fn amx_tiles(level: SimdLevel, dot: QuantDot, n: usize, k: usize) -> 
         dot == QuantDot::Int8
             && level.effective() == SimdLevel::Avx512
             && n >= amx::MIN_TOKENS
-            && k % amx::KSTEP == 0
+            && k.is_multiple_of(amx::KSTEP)
             && dpbf16::available()
             && amx::available()
     }
@@ -218,7 +218,7 @@ pub(crate) struct Bf16X {
     pub rows: Vec<u16>,
     /// The same in AMX tile order ([`super::x86::amx::prepare`]), where the tiles run this
     /// product.
-    pub tiles: Option<Vec<u16>>,
+    pub tiles: Option<Vec<u32>>,
 }
 
 /// `src` rounded to bf16 (nearest even) into `dst` (as long as `src`).
@@ -255,7 +255,7 @@ pub(crate) fn bf16_rows(xb: &Bf16X, n: usize, k: usize, w: &[u8], rows: Range<us
         let tiles = n.div_ceil(TOKENS);
         let mut r = 0;
         if let Some(xt) = xt {
-            assert!(amx::available() && xt.len() >= n.div_ceil(amx::TILE) * amx::TILE * k, "AMX product extents");
+            assert!(amx::available() && xt.len() * 2 >= n.div_ceil(amx::TILE) * amx::TILE * k, "AMX product extents");
             let row_tiles = nrows / amx::TILE;
             // SAFETY: the tiles were granted (`xt` exists only then), the extents were checked
             // above and `xt` is `amx::prepare`'s output for these `n` tokens of `k`.

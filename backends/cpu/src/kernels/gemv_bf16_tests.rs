@@ -238,7 +238,7 @@ fn quantized_prefill_matches_rounded_dequantized_reference() {
                     &mut deq[r * dtype.padded(k)..][..dtype.padded(k)],
                 );
             }
-            for n in [5, 13, 20] {
+            for n in [5, 13, 20, 40] {
                 let x = values(n * k, n as u64 + 40);
                 let (got, exact) = both_modes(&pool, &x, n, k, &w, dtype, m);
                 // Types that take their fused kernels at every token count are checked

@@ -97,7 +97,7 @@ pub(crate) fn block(
         return prep.run(w, nrows, out, os);
     }
     let kp = dtype.padded(k);
-    decoded_chunks(level, k, w, dtype, nrows, |c0, rows| {
+    decoded_chunks(level, k, w, dtype, nrows, CHUNK_ROWS, |c0, rows| {
         let cr = rows.len() / kp;
         // Padded tail values are decoded but never read: the f32 tiles stop at `k`.
         super::gemv::block(level, x, xs, n, k, bytemuck::cast_slice(rows), DType::F32, kp, cr, &mut out[c0..], os)
@@ -129,8 +129,11 @@ pub(crate) fn block_bf16(
         )));
     }
     let kp = dtype.padded(k);
-    let mut scratch = vec![0u16; CHUNK_ROWS.min(nrows) * k];
-    decoded_chunks(level, k, w, dtype, nrows, |c0, rows| {
+    // On the AMX tiles, two row tiles a chunk: each weight tile then meets two token tiles
+    // and each token tile two weight tiles.
+    let chunk = if xb.tiles.is_some() { 2 * CHUNK_ROWS } else { CHUNK_ROWS };
+    let mut scratch = vec![0u16; chunk.min(nrows) * k];
+    decoded_chunks(level, k, w, dtype, nrows, chunk, |c0, rows| {
         let cr = rows.len() / kp;
         for (r, row) in rows.chunks_exact(kp).enumerate() {
             super::gemv::round_bf16(&row[..k], &mut scratch[r * k..][..k]);
@@ -140,21 +143,22 @@ pub(crate) fn block_bf16(
     })
 }
 
-/// Dequantizes `nrows` rows of `w` ([`CHUNK_ROWS`] at a time, each row padded to whole blocks)
-/// and hands each chunk to `f(first row, decoded rows)`: the products then run on cache-hot
-/// f32 rows instead of block codes.
+/// Dequantizes `nrows` rows of `w` (`chunk` at a time, each row padded to whole blocks) and
+/// hands each chunk to `f(first row, decoded rows)`: the products then run on cache-hot f32
+/// rows instead of block codes.
 fn decoded_chunks(
     level: SimdLevel,
     k: usize,
     w: &[u8],
     dtype: DType,
     nrows: usize,
+    chunk: usize,
     mut f: impl FnMut(usize, &[f32]) -> Result<()>,
 ) -> Result<()> {
     let (rb, kp) = (dtype.row_bytes(k), dtype.padded(k));
-    let mut scratch = vec![0f32; CHUNK_ROWS.min(nrows) * kp];
-    for c0 in (0..nrows).step_by(CHUNK_ROWS) {
-        let cr = CHUNK_ROWS.min(nrows - c0);
+    let mut scratch = vec![0f32; chunk.min(nrows) * kp];
+    for c0 in (0..nrows).step_by(chunk) {
+        let cr = chunk.min(nrows - c0);
         for (r, row) in scratch.chunks_exact_mut(kp).take(cr).enumerate() {
             decode_row(level, &w[(c0 + r) * rb..][..rb], dtype, row);
         }

@@ -26,6 +26,12 @@ pub(crate) const KSTEP: usize = 32;
 /// Fewest tokens a product takes the tiles for: one token tile, so the 16-wide sums are not
 /// mostly padding, and batched decode (fewer sequences than this) keeps `vdpbf16ps`'s bits.
 pub(crate) const MIN_TOKENS: usize = 16;
+/// Fewest tokens a product of a type with int8 kernels of its own for many tokens
+/// ([`crate::kernels::quant::in_groups`]) leaves them for the tiles: its rows must first be
+/// dequantized to bf16 (~1.5 cycles a value), which the tiles repay from about 24 tokens (one
+/// thread, Q4_K 768 × 2048: 16 tokens 73–89 GFLOP/s against the int8 kernels' ~120, 32 tokens
+/// 139–166).
+pub(crate) const QUANT_MIN_TOKENS: usize = 32;
 
 /// Whether the CPU has AMX-TILE and AMX-BF16 and the kernel granted this process the tile
 /// state (`arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)`); asked once.
@@ -71,22 +77,74 @@ fn request_tile_state() -> bool {
 }
 
 /// `n` tokens of `k` bf16 activations (`xb`, row-major, `k` a multiple of [`KSTEP`]) in tile
-/// order: token tile `τ`, step `s`, pair `p`, token `j` at 32-bit element
-/// `((τ·k/32 + s)·16 + p)·16 + j`; tokens past `n` are zero.
-pub(crate) fn prepare(xb: &[u16], n: usize, k: usize) -> Vec<u16> {
-    debug_assert!(k % KSTEP == 0 && xb.len() >= n * k);
+/// order, each element a pair of neighbouring values: token tile `τ`, step `s`, pair `p`,
+/// token `j` at `((τ·k/32 + s)·16 + p)·16 + j`; tokens past `n` are zero. Each step of a token
+/// tile is one 16 × 16 transpose in registers (element by element, the stores hit a new line
+/// each and took 4.5 % of a bf16 prefill).
+pub(crate) fn prepare(xb: &[u16], n: usize, k: usize) -> Vec<u32> {
+    assert!(k.is_multiple_of(KSTEP) && xb.len() >= n * k, "activations for the tiles");
     let (tiles, steps) = (n.div_ceil(TILE), k / KSTEP);
     let mut out = vec![0u32; tiles * steps * TILE * TILE];
-    for (t, row) in xb.chunks_exact(k).take(n).enumerate() {
-        let (tau, j) = (t / TILE, t % TILE);
-        for (s, step) in row.chunks_exact(KSTEP).enumerate() {
-            let base = (tau * steps + s) * TILE * TILE + j;
-            for (p, pair) in step.chunks_exact(2).enumerate() {
-                out[base + p * TILE] = u32::from(pair[0]) | u32::from(pair[1]) << 16;
+    // SAFETY: the tiles are used only where AVX-512 is (`gemv::amx_tiles`); the reads stay in
+    // `n` rows of `k` values of `xb` and the writes in `out`, as sized above.
+    unsafe { prepare_avx512(xb.as_ptr(), n, k, out.as_mut_ptr()) };
+    out
+}
+
+#[target_feature(enable = "avx512f")]
+unsafe fn prepare_avx512(xb: *const u16, n: usize, k: usize, out: *mut u32) {
+    use std::arch::x86_64::*;
+    let steps = k / KSTEP;
+    for tau in 0..n.div_ceil(TILE) {
+        for s in 0..steps {
+            let mut r = [_mm512_setzero_ps(); TILE];
+            for (j, v) in r.iter_mut().enumerate() {
+                let t = tau * TILE + j;
+                if t < n {
+                    *v = _mm512_loadu_ps(xb.add(t * k + s * KSTEP) as *const f32);
+                }
+            }
+            transpose16(&mut r);
+            let o = out.add((tau * steps + s) * TILE * TILE);
+            for (p, v) in r.iter().enumerate() {
+                _mm512_storeu_ps(o.add(p * TILE) as *mut f32, *v);
             }
         }
     }
-    out.into_iter().flat_map(|v| [v as u16, (v >> 16) as u16]).collect()
+}
+
+/// Transposes 16 rows of 16 32-bit lanes: row `i` lane `j` goes to row `j` lane `i`.
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn transpose16(r: &mut [std::arch::x86_64::__m512; TILE]) {
+    use std::arch::x86_64::*;
+    let (lo, hi) = (|a, b| _mm512_unpacklo_ps(a, b), |a, b| _mm512_unpackhi_ps(a, b));
+    let pd = |v: __m512| _mm512_castps_pd(v);
+    let ps = |v: __m512d| _mm512_castpd_ps(v);
+    // Within each 128-bit lane: a 4 × 4 transpose of rows 4i..4i+4.
+    let mut b = [_mm512_setzero_ps(); TILE];
+    for i in 0..4 {
+        let a0 = lo(r[4 * i], r[4 * i + 1]);
+        let a1 = hi(r[4 * i], r[4 * i + 1]);
+        let a2 = lo(r[4 * i + 2], r[4 * i + 3]);
+        let a3 = hi(r[4 * i + 2], r[4 * i + 3]);
+        b[4 * i] = ps(_mm512_unpacklo_pd(pd(a0), pd(a2)));
+        b[4 * i + 1] = ps(_mm512_unpackhi_pd(pd(a0), pd(a2)));
+        b[4 * i + 2] = ps(_mm512_unpacklo_pd(pd(a1), pd(a3)));
+        b[4 * i + 3] = ps(_mm512_unpackhi_pd(pd(a1), pd(a3)));
+    }
+    // `b[4i + q]` lane `j` holds rows 4i..4i+4 of column 4j + q: a 4 × 4 transpose of
+    // 128-bit lanes over i for each q.
+    for q in 0..4 {
+        let c0 = _mm512_shuffle_f32x4::<0x44>(b[q], b[4 + q]);
+        let c1 = _mm512_shuffle_f32x4::<0xEE>(b[q], b[4 + q]);
+        let c2 = _mm512_shuffle_f32x4::<0x44>(b[8 + q], b[12 + q]);
+        let c3 = _mm512_shuffle_f32x4::<0xEE>(b[8 + q], b[12 + q]);
+        r[q] = _mm512_shuffle_f32x4::<0x88>(c0, c2);
+        r[4 + q] = _mm512_shuffle_f32x4::<0xDD>(c0, c2);
+        r[8 + q] = _mm512_shuffle_f32x4::<0x88>(c1, c3);
+        r[12 + q] = _mm512_shuffle_f32x4::<0xDD>(c1, c3);
+    }
 }
 
 /// The 64-byte tile configuration: palette 1, eight tiles of 16 rows × 64 bytes.
@@ -113,9 +171,10 @@ struct Sums([f32; TILE * TILE]);
 /// values each, row-major, any alignment), `xt` the activations in tile order ([`prepare`]).
 ///
 /// # Safety
-/// [`available`] returned true; `w` holds `16·row_tiles` rows of `k` values, `xt` is
+/// [`available`] returned true (and AVX-512 is there); `w` holds `16·row_tiles` rows of `k` values, `xt` is
 /// [`prepare`]'s output for `n` tokens of `k`, `out` covers `(n − 1)·os + 16·row_tiles`.
-pub(crate) unsafe fn rows(xt: &[u16], n: usize, k: usize, w: *const u8, row_tiles: usize, out: *mut f32, os: usize) {
+#[target_feature(enable = "avx512f")]
+pub(crate) unsafe fn rows(xt: &[u32], n: usize, k: usize, w: *const u8, row_tiles: usize, out: *mut f32, os: usize) {
     let (tiles, steps) = (n.div_ceil(TILE), k / KSTEP);
     let wstride = 2 * k;
     let tile_bytes = TILE * TILE * 4;
@@ -123,13 +182,19 @@ pub(crate) unsafe fn rows(xt: &[u16], n: usize, k: usize, w: *const u8, row_tile
     asm!("ldtilecfg [{}]", in(reg) CONFIG.0.as_ptr(), options(nostack, readonly));
     let mut sums = Sums([0.0; TILE * TILE]);
     // Two row tiles (32 rows) against two token tiles where there are, so each weight tile
-    // loaded meets two token tiles and each token tile two weight tiles.
-    let mut rt = 0;
-    while rt < row_tiles {
-        let two_rows = rt + 1 < row_tiles;
-        let mut tt = 0;
-        while tt < tiles {
-            let two_tokens = tt + 1 < tiles;
+    // loaded meets two token tiles and each token tile two weight tiles. Rows in blocks of
+    // about 512 KiB, token tiles outside the rows of a block: the block stays in L2 while each
+    // pair of token tiles sweeps it (rows outside re-read a 512-token prefill's 2 MiB of
+    // activations from L3 for every pair of row tiles).
+    let block = ((512usize << 10) / (TILE * wstride)).max(2) & !1;
+    for b0 in (0..row_tiles).step_by(block) {
+        let b1 = (b0 + block).min(row_tiles);
+    let mut tt = 0;
+    while tt < tiles {
+        let two_tokens = tt + 1 < tiles;
+        let mut rt = b0;
+        while rt < b1 {
+            let two_rows = rt + 1 < b1;
             let w0 = w.add(rt * TILE * wstride);
             let w1 = w0.add(TILE * wstride);
             let x0 = x.add(tt * steps * tile_bytes);
@@ -198,16 +263,19 @@ pub(crate) unsafe fn rows(xt: &[u16], n: usize, k: usize, w: *const u8, row_tile
                     _ => asm!("tilestored [{p} + {s}*1], tmm7", p = in(reg) p, s = in(reg) 64usize, options(nostack)),
                 }
                 let (r0, t0) = ((rt + i) * TILE, (tt + j) * TILE);
-                for t in 0..TILE.min(n - t0) {
-                    let o = out.add((t0 + t) * os + r0);
-                    for r in 0..TILE {
-                        *o.add(r) = sums.0[r * TILE + t];
-                    }
+                let mut v = [std::arch::x86_64::_mm512_setzero_ps(); TILE];
+                for (r, v) in v.iter_mut().enumerate() {
+                    *v = std::arch::x86_64::_mm512_load_ps(sums.0.as_ptr().add(r * TILE));
+                }
+                transpose16(&mut v);
+                for (t, v) in v.iter().enumerate().take(TILE.min(n - t0)) {
+                    std::arch::x86_64::_mm512_storeu_ps(out.add((t0 + t) * os + r0), *v);
                 }
             }
-            tt += if two_tokens { 2 } else { 1 };
+            rt += if two_rows { 2 } else { 1 };
         }
-        rt += if two_rows { 2 } else { 1 };
+        tt += if two_tokens { 2 } else { 1 };
+    }
     }
     asm!("tilerelease", options(nostack, nomem));
 }
