@@ -10,7 +10,7 @@
 //! 2. One long matrix per dtype (k=2048, ≥ 256 MiB, one product of 2 threads' row ranges, three
 //!    copies in turn so each is cold): the rate of a long sequential stream per thread, as the
 //!    output head of a model reads, free of the per-product start-up of small experts.
-//! 3. One thread, a cache-warm matrix, 1, 2, 4, 5, 16 and 64 tokens: GFLOP/s (2·n·k·m per timed call)
+//! 3. One thread, a cache-warm matrix, 1, 2, 4, 5, 16, 32 and 64 tokens: GFLOP/s (2·n·k·m per timed call)
 //!    and GB/s, the kernels' compute rate free of pool and memory effects.
 //!
 //! `FT_BENCH_THREADS` sets the worker count (default: the backend's); `FT_BENCH_DTYPES`
@@ -252,8 +252,10 @@ fn long_stream() {
 
 /// One thread, one cache-warm `k=2048 × 768` matrix, straight through
 /// `kernels::matmul` on a one-thread pool, in both [`QuantDot`] modes: the kernels' compute
-/// rate for 1, 2, 4, 5, 16 and 64 tokens (decode sizes, and an expert's share of a prefill),
-/// free of pool and memory effects.
+/// rate for 1, 2, 4, 5, 16, 32 and 64 tokens (decode sizes, and an expert's share of a
+/// prefill), free of pool and memory effects. In the int8 mode, from 16 tokens (32 for the types
+/// with int8 kernels of their own for many tokens) the bf16 path takes the AMX tiles where the
+/// CPU has them (`ft_backend_cpu::kernels::amx_tiles`, printed above the table).
 /// Part 3 of the module docs.
 fn quant_kernel_rate_single_thread() {
     use ft_backend_cpu::{kernels, SimdLevel};
@@ -263,13 +265,16 @@ fn quant_kernel_rate_single_thread() {
     let x = rng.vec(64 * k, 1.0);
     let mut out = vec![0f32; 64 * m];
     let pool = rayon::ThreadPoolBuilder::new().num_threads(1).build().expect("pool");
-    println!("1 thread, k={k} × {m} rows, warm: GFLOP/s (GB/s of weights) per token count");
+    println!(
+        "1 thread, k={k} × {m} rows, warm: GFLOP/s (GB/s of weights) per token count; AMX tiles: {}",
+        if kernels::amx_tiles() { "yes" } else { "no" }
+    );
     for dtype in dtypes() {
         let w = ft_backend::quant::quantize_matrix(dtype, &vals, m, k);
         let mut line = format!("{:>6}:", dtype.name());
         for dot in [QuantDot::Exact, QuantDot::Int8] {
             line += &format!("  {dot}");
-            for n in [1, 2, 4, 5, 16, 64] {
+            for n in [1, 2, 4, 5, 16, 32, 64] {
                 let per = time(5, 51, || {
                     kernels::matmul(&pool, SimdLevel::Auto, dot, &x, n, k, &w, dtype, m, &mut out)
                         .expect("matmul");
