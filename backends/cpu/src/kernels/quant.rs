@@ -133,6 +133,21 @@ pub(crate) fn block_bf16(
     // and each token tile two weight tiles.
     let chunk = if xb.tiles.is_some() { 2 * CHUNK_ROWS } else { CHUNK_ROWS };
     let mut scratch = vec![0u16; chunk.min(nrows) * k];
+    #[cfg(target_arch = "x86_64")]
+    if dtype == DType::Q4K && kp == k && level.effective() == SimdLevel::Avx512 && super::x86::dpbf16::available() {
+        // Q4_K (most of a Q4_K_M file) straight to bf16, rows whole blocks.
+        let rb = dtype.row_bytes(k);
+        for c0 in (0..nrows).step_by(chunk) {
+            let cr = chunk.min(nrows - c0);
+            for r in 0..cr {
+                // SAFETY: AVX-512 BF16 checked above; `check_weights` confirmed `nrows` rows of
+                // `rb` bytes, and a row of `k = kp` values fills `k / 256` blocks of scratch.
+                unsafe { super::x86::quant::q4_k_blocks_bf16(w[(c0 + r) * rb..].as_ptr(), scratch[r * k..][..k].as_mut_ptr(), k / 256) };
+            }
+            super::gemv::bf16_rows(xb, n, k, bytemuck::cast_slice(&scratch[..cr * k]), 0..cr, &mut out[c0..], os);
+        }
+        return Ok(());
+    }
     decoded_chunks(level, k, w, dtype, nrows, chunk, |c0, rows| {
         let cr = rows.len() / kp;
         for (r, row) in rows.chunks_exact(kp).enumerate() {

@@ -17,7 +17,7 @@ use ft_backend::{DType, Result};
 /// aligned); the others keep the tiles, their int8 kernels at 4 tokens being no clearly
 /// faster (Q5_K 78–90 / 72–83, Q4_0 80 / 80–86, NVFP4 90 / 81–87). Where a product of `n`
 /// tokens of `k` takes the AMX tiles ([`crate::kernels::gemv::amx_tiles`]) and has at least
-/// [`crate::kernels::x86::amx::QUANT_MIN_TOKENS`], the integer types go to them instead,
+/// [`crate::kernels::x86::amx::quant_min_tokens`], the integer types go to them instead,
 /// dequantized to bf16 (up to 3× these kernels' rate at 512 tokens); FP8 keeps its own
 /// kernel, whose weights stay exact.
 pub(crate) fn in_groups(level: SimdLevel, dot: QuantDot, dtype: DType, n: usize, k: usize) -> bool {
@@ -26,7 +26,7 @@ pub(crate) fn in_groups(level: SimdLevel, dot: QuantDot, dtype: DType, n: usize,
         if dot != QuantDot::Int8 || level.effective() != SimdLevel::Avx512 {
             return false;
         }
-        if dtype != DType::F8E4M3 && n >= crate::kernels::x86::amx::QUANT_MIN_TOKENS && crate::kernels::gemv::amx_tiles(level, dot, n, k) {
+        if dtype != DType::F8E4M3 && n >= crate::kernels::x86::amx::quant_min_tokens(dtype) && crate::kernels::gemv::amx_tiles(level, dot, n, k) {
             return false;
         }
         match dtype {
