@@ -97,7 +97,7 @@ pub(crate) fn block(
         return prep.run(w, nrows, out, os);
     }
     let kp = dtype.padded(k);
-    decoded_chunks(level, k, w, dtype, nrows, CHUNK_ROWS, |c0, rows| {
+    decoded_chunks(level, k, w, dtype, nrows, |c0, rows| {
         let cr = rows.len() / kp;
         // Padded tail values are decoded but never read: the f32 tiles stop at `k`.
         super::gemv::block(level, x, xs, n, k, bytemuck::cast_slice(rows), DType::F32, kp, cr, &mut out[c0..], os)
@@ -128,52 +128,52 @@ pub(crate) fn block_bf16(
             out.len()
         )));
     }
-    let kp = dtype.padded(k);
+    let (kp, rb) = (dtype.padded(k), dtype.row_bytes(k));
     // On the AMX tiles, two row tiles a chunk: each weight tile then meets two token tiles
     // and each token tile two weight tiles.
     let chunk = if xb.tiles.is_some() { 2 * CHUNK_ROWS } else { CHUNK_ROWS };
     let mut scratch = vec![0u16; chunk.min(nrows) * k];
+    // Q4_K (most of a Q4_K_M file) goes straight to bf16 where rows are whole blocks; the other
+    // types through one f32 row, cache-hot, and a rounding pass.
     #[cfg(target_arch = "x86_64")]
-    if dtype == DType::Q4K && kp == k && level.effective() == SimdLevel::Avx512 && super::x86::dpbf16::available() {
-        // Q4_K (most of a Q4_K_M file) straight to bf16, rows whole blocks.
-        let rb = dtype.row_bytes(k);
-        for c0 in (0..nrows).step_by(chunk) {
-            let cr = chunk.min(nrows - c0);
-            for r in 0..cr {
-                // SAFETY: AVX-512 BF16 checked above; `check_weights` confirmed `nrows` rows of
-                // `rb` bytes, and a row of `k = kp` values fills `k / 256` blocks of scratch.
-                unsafe { super::x86::quant::q4_k_blocks_bf16(w[(c0 + r) * rb..].as_ptr(), scratch[r * k..][..k].as_mut_ptr(), k / 256) };
+    let direct = dtype == DType::Q4K && kp == k && level.effective() == SimdLevel::Avx512 && super::x86::dpbf16::available();
+    #[cfg(not(target_arch = "x86_64"))]
+    let direct = false;
+    let mut row = vec![0f32; if direct { 0 } else { kp }];
+    for c0 in (0..nrows).step_by(chunk) {
+        let cr = chunk.min(nrows - c0);
+        for (r, dst) in scratch.chunks_exact_mut(k).take(cr).enumerate() {
+            let src = &w[(c0 + r) * rb..][..rb];
+            #[cfg(target_arch = "x86_64")]
+            if direct {
+                // SAFETY: AVX-512 BF16 checked above; `src` is one row of `k / 256` whole
+                // blocks (`kp == k`) and `dst` holds its `k` values.
+                unsafe { super::x86::quant::q4_k_blocks_bf16(src.as_ptr(), dst.as_mut_ptr(), k / 256) };
+                continue;
             }
-            super::gemv::bf16_rows(xb, n, k, bytemuck::cast_slice(&scratch[..cr * k]), 0..cr, &mut out[c0..], os);
-        }
-        return Ok(());
-    }
-    decoded_chunks(level, k, w, dtype, nrows, chunk, |c0, rows| {
-        let cr = rows.len() / kp;
-        for (r, row) in rows.chunks_exact(kp).enumerate() {
-            super::gemv::round_bf16(&row[..k], &mut scratch[r * k..][..k]);
+            decode_row(level, src, dtype, &mut row);
+            super::gemv::round_bf16(&row[..k], dst);
         }
         super::gemv::bf16_rows(xb, n, k, bytemuck::cast_slice(&scratch[..cr * k]), 0..cr, &mut out[c0..], os);
-        Ok(())
-    })
+    }
+    Ok(())
 }
 
-/// Dequantizes `nrows` rows of `w` (`chunk` at a time, each row padded to whole blocks) and
-/// hands each chunk to `f(first row, decoded rows)`: the products then run on cache-hot f32
-/// rows instead of block codes.
+/// Dequantizes `nrows` rows of `w` ([`CHUNK_ROWS`] at a time, each row padded to whole blocks)
+/// and hands each chunk to `f(first row, decoded rows)`: the products then run on cache-hot
+/// f32 rows instead of block codes.
 fn decoded_chunks(
     level: SimdLevel,
     k: usize,
     w: &[u8],
     dtype: DType,
     nrows: usize,
-    chunk: usize,
     mut f: impl FnMut(usize, &[f32]) -> Result<()>,
 ) -> Result<()> {
     let (rb, kp) = (dtype.row_bytes(k), dtype.padded(k));
-    let mut scratch = vec![0f32; chunk.min(nrows) * kp];
-    for c0 in (0..nrows).step_by(chunk) {
-        let cr = chunk.min(nrows - c0);
+    let mut scratch = vec![0f32; CHUNK_ROWS.min(nrows) * kp];
+    for c0 in (0..nrows).step_by(CHUNK_ROWS) {
+        let cr = CHUNK_ROWS.min(nrows - c0);
         for (r, row) in scratch.chunks_exact_mut(kp).take(cr).enumerate() {
             decode_row(level, &w[(c0 + r) * rb..][..rb], dtype, row);
         }
