@@ -301,7 +301,6 @@ impl WeightFiles {
         // SAFETY: the mapping is read-only; a checkpoint modified while it is being served is
         // outside what any engine can guard against (transformers and llama.cpp map the same way).
         let map = unsafe { Mmap::map(&file) }.map_err(|source| WeightsError::Io { path: path.clone(), source })?;
-        super::readahead::advise(&map, &path);
         let bad = |problem: String| WeightsError::Format { path: path.clone(), problem };
         if map.len() < 8 {
             return Err(bad(format!("file is {} bytes, shorter than the 8-byte header length", map.len())));
@@ -315,6 +314,7 @@ impl WeightFiles {
         let data_len = map.len() - data_start;
         let file_idx = self.files.len();
         let map: Arc<Mmap> = Arc::new(map);
+        super::readahead::advise(&map, &path);
         for (name, info) in header {
             if name == "__metadata__" {
                 continue;

@@ -385,7 +385,7 @@ pub struct GgufFile {
     total_bytes: u64,
 }
 
-fn map_file(path: &Path) -> Result<Mmap, GgufError> {
+fn map_file(path: &Path) -> Result<Arc<Mmap>, GgufError> {
     let io = |source| GgufError::Io { path: path.to_path_buf(), source };
     let file = std::fs::File::open(path).map_err(io)?;
     if file.metadata().map_err(io)?.len() == 0 {
@@ -393,7 +393,7 @@ fn map_file(path: &Path) -> Result<Mmap, GgufError> {
     }
     // SAFETY: the map is read-only; as with any mapped model file, it must not be truncated
     // while the engine runs (the same contract as llama.cpp's and safetensors' loaders).
-    let map = unsafe { Mmap::map(&file) }.map_err(io)?;
+    let map = Arc::new(unsafe { Mmap::map(&file) }.map_err(io)?);
     crate::model::readahead::advise(&map, path);
     Ok(map)
 }
@@ -445,7 +445,7 @@ impl GgufFile {
                 out.metadata = header.metadata;
             }
             out.total_bytes += map.len() as u64;
-            out.maps.push(Arc::new(map));
+            out.maps.push(map);
         }
         if let Some(t) = out.get("split.tensors.count").and_then(MetaValue::as_u64) {
             if t != out.tensors.len() as u64 {
