@@ -367,7 +367,7 @@ impl Worker {
     /// Runs `f` on a worker of the host pool when the backend computes there, else here.
     fn on_pool<R: Send>(&mut self, f: impl FnOnce(&mut Self) -> R + Send) -> R {
         match self.args.host_pool.clone() {
-            Some(pool) => pool.install(|| f(self)),
+            Some(pool) => super::install_awake(&pool, || f(self)),
             None => f(self),
         }
     }

@@ -62,6 +62,59 @@ pub(crate) fn blocking_reply<T>(mut rx: tokio::sync::oneshot::Receiver<T>, what:
     }
 }
 
+/// Runs `f` on a worker of `pool` while the pool's other workers stay awake until it returns.
+///
+/// A step alternates parallel products with short serial parts (norms, attention of one
+/// token, routing, the actor hops); in those gaps rayon's idle workers went to sleep on a
+/// futex and every next product had to wake them: ~90 sleeps per decoded token of a 12-layer
+/// Q4_K_M model on 2 threads, each costing the product a wake-up on a virtual machine's core.
+/// Awake here means polling the pool for work and yielding the core (`sched_yield`) between
+/// polls, so another process that wants the core gets it; it ends with the step.
+pub(crate) fn install_awake<R: Send>(pool: &rayon::ThreadPool, f: impl FnOnce() -> R + Send) -> R {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    /// Sets the flag however `f` ends (a panic must not leave the pollers spinning, and the
+    /// scope waiting for them).
+    struct Done<'a>(&'a AtomicBool);
+    impl Drop for Done<'_> {
+        fn drop(&mut self) {
+            self.0.store(true, Ordering::Release);
+        }
+    }
+    let done = AtomicBool::new(false);
+    pool.install(|| {
+        let step = rayon::current_thread_index();
+        rayon::scope(|s| {
+            for _ in 1..rayon::current_num_threads() {
+                s.spawn(|_| stay_awake(&done, step));
+            }
+            let _done = Done(&done);
+            f()
+        })
+    })
+}
+
+/// Polls the pool for work until `done`; a no-op on the thread that runs the step (which
+/// may pick this job up while it waits, and must not spin on its own flag).
+fn stay_awake(done: &std::sync::atomic::AtomicBool, step: Option<usize>) {
+    if rayon::current_thread_index() == step {
+        return;
+    }
+    let mut idle = 0u32;
+    while !done.load(std::sync::atomic::Ordering::Acquire) {
+        match rayon::yield_now() {
+            Some(rayon::Yield::Executed) => idle = 0,
+            _ => {
+                idle = idle.saturating_add(1);
+                if idle < 64 {
+                    std::hint::spin_loop();
+                } else {
+                    std::thread::yield_now();
+                }
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::blocking_reply;
@@ -89,6 +142,36 @@ mod tests {
             blocking_reply(rx, "test")
         });
         assert_eq!(injected.expect("reply"), 500_500);
+    }
+
+    /// The step's value comes back, its parallel work runs on every worker, and a panic in it
+    /// reaches the caller instead of leaving the pollers spinning on an unset flag.
+    #[test]
+    fn an_awake_install_returns_runs_parallel_work_and_ends_on_panic() {
+        use rayon::prelude::*;
+        use std::collections::HashSet;
+        use std::sync::Mutex;
+        for threads in [1, 2, 3] {
+            let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().expect("pool");
+            let seen = Mutex::new(HashSet::new());
+            let sum: usize = super::install_awake(&pool, || {
+                (0..4096usize)
+                    .into_par_iter()
+                    .with_max_len(1)
+                    .map(|i| {
+                        seen.lock().expect("lock").insert(rayon::current_thread_index());
+                        std::thread::sleep(std::time::Duration::from_micros(if i % 512 == 0 { 2000 } else { 0 }));
+                        i
+                    })
+                    .sum()
+            });
+            assert_eq!(sum, 4095 * 4096 / 2);
+            assert!(seen.lock().expect("lock").iter().all(|i| i.is_some_and(|i| i < threads)));
+            let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| super::install_awake(&pool, || panic!("step failed"))));
+            assert!(caught.is_err(), "{threads} threads: the panic must come back");
+            // The pool is usable afterwards: no poller was left behind holding a worker.
+            assert_eq!(super::install_awake(&pool, || 7), 7);
+        }
     }
 
     /// A sender that goes away without replying is an error, on the pool and off it.

@@ -145,7 +145,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
              weight-matrix product (the model's shape says the figure in brackets); GB/s = counted bytes / decode time; \
              roofline = that / the median bandwidth; prefills are cold; quantized weights meet {} activations; \
              step split = decode wall time in MoE expert phases · the rest (attention, dense layers, routing, head), timed \
-             on the device stream; pool busy = CPU time of the worker pool's threads (kernel accounting) / (threads × decode time)",
+             on the device stream; pool busy = CPU time of the worker pool's threads (kernel accounting; idle workers poll for work while a step runs, and that counts) / (threads × decode time)",
             opts.repeats,
             a.model.quant_dot
         );
