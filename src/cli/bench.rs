@@ -131,14 +131,15 @@ pub fn run(a: BenchArgs) -> Result<()> {
     if !a.json {
         println!(
             "memory read bandwidth {:.1} GB/s (median of {} passes summing {} MiB with {threads} threads and the widest vector loads, {}; {:.1}–{:.1}; \
-             the faster of two patterns, the other's median {:.1})",
+             the faster of two patterns, the other's median {:.1}; {} of the buffer in 2 MiB pages)",
             bw.median,
             bw.passes,
             a.bandwidth_mib,
             bw.loads.describe(),
             bw.min,
             bw.max,
-            bw.other_median
+            bw.other_median,
+            bw.huge_pages.map_or("unknown share".to_string(), |f| format!("{:.0} %", f * 100.0))
         );
         println!(
             "{} runs per mode: tokens/s from timers (median, min–max); weight bytes per token from the counter of every \
@@ -165,7 +166,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
                 "bytes_per_token_counted": r.bytes_per_token, "bytes_per_token_model": r.model_bytes_per_token,
                 "decode_gb_s": s(&r.decode_gb_s),
                 "memory_gb_s": {"median": bw.median, "min": bw.min, "max": bw.max, "passes": bw.passes,
-                    "loads": bw.loads.describe(), "other_loads_median": bw.other_median},
+                    "loads": bw.loads.describe(), "other_loads_median": bw.other_median, "huge_page_fraction": bw.huge_pages},
                 "roofline_fraction": roofline,
                 "hit_rate": r.hit_rate, "bytes_moved_per_token": r.bytes_moved_per_token,
                 "fetched_per_token": r.fetched_per_token, "cpu_experts_per_token": r.cpu_per_token,

@@ -307,6 +307,11 @@ fn bench_reports_counted_bytes_and_spread() {
         assert!(0.0 < lo && lo <= mid && mid <= hi, "{key}: {s}");
     }
     assert_eq!(v["memory_gb_s"]["passes"], 3);
+    if cfg!(target_os = "linux") {
+        // How much of the probe's buffer the kernel backed with huge pages, from smaps.
+        let huge = v["memory_gb_s"]["huge_page_fraction"].as_f64().expect("huge page share on Linux");
+        assert!((0.0..=1.0).contains(&huge), "huge page share {huge}");
+    }
     assert!(v["roofline_fraction"].as_f64().unwrap() > 0.0);
     // The step split is timed (every decode step runs MoE layers), and on Linux the pool's
     // busy share comes from the kernel's per-thread CPU accounting.
