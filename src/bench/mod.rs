@@ -121,16 +121,7 @@ impl ProbeBuffer {
     /// KiB of the buffer in transparent huge pages, from `/proc/self/smaps`.
     fn huge_kib(&self) -> Option<u64> {
         let ProbeBuffer::Mapped(m) = self else { return Some(0) };
-        let smaps = std::fs::read_to_string("/proc/self/smaps").ok()?;
-        let head = format!("{:x}-", m.as_ptr() as usize);
-        // The mapping's field lines (`Name:  value`) up to the next mapping's header.
-        let line = smaps
-            .lines()
-            .skip_while(|l| !l.starts_with(&head))
-            .skip(1)
-            .take_while(|l| l.split_whitespace().next().is_some_and(|f| f.ends_with(':')))
-            .find(|l| l.starts_with("AnonHugePages:"))?;
-        line.split_whitespace().nth(1)?.parse().ok()
+        crate::model::readahead::mapping_kib(m.as_ptr() as usize, "AnonHugePages")
     }
 }
 

@@ -91,6 +91,22 @@ pub(crate) fn mem_available() -> Option<u64> {
     Some(kib * 1024)
 }
 
+/// Field `field` (`Rss`, `AnonHugePages`, …) of the mapping that starts at `addr`, in KiB, from
+/// `/proc/self/smaps` (`None` elsewhere or when there is no such mapping).
+pub(crate) fn mapping_kib(addr: usize, field: &str) -> Option<u64> {
+    let smaps = std::fs::read_to_string("/proc/self/smaps").ok()?;
+    let head = format!("{addr:x}-");
+    let key = format!("{field}:");
+    // The mapping's field lines (`Name:  value`) up to the next mapping's header.
+    let line = smaps
+        .lines()
+        .skip_while(|l| !l.starts_with(&head))
+        .skip(1)
+        .take_while(|l| l.split_whitespace().next().is_some_and(|f| f.ends_with(':')))
+        .find(|l| l.starts_with(&key))?;
+    line.split_whitespace().nth(1)?.parse().ok()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -108,17 +124,6 @@ mod tests {
         }
     }
 
-    /// The resident bytes of the mapping that starts at `addr`, from `/proc/self/smaps`.
-    #[cfg(target_os = "linux")]
-    fn resident_kib(addr: usize) -> Option<u64> {
-        let smaps = std::fs::read_to_string("/proc/self/smaps").ok()?;
-        let head = format!("{addr:x}-");
-        let mut lines = smaps.lines().skip_while(|l| !l.starts_with(&head));
-        lines.next()?;
-        let rss = lines.find(|l| l.starts_with("Rss:"))?;
-        rss.split_whitespace().nth(1)?.parse().ok()
-    }
-
     /// The background thread faults the whole file into the mapping (nothing here touches
     /// it), and lets go of the map once it is done.
     #[cfg(target_os = "linux")]
@@ -133,13 +138,13 @@ mod tests {
         // SAFETY: a private temporary file nobody else writes.
         let map = Arc::new(unsafe { Mmap::map(&file) }.expect("map"));
         let addr = map.as_ptr() as usize;
-        assert_eq!(resident_kib(addr), Some(0), "nothing was read yet");
+        assert_eq!(mapping_kib(addr, "Rss"), Some(0), "nothing was read yet");
         advise(&map, &path);
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-        while resident_kib(addr).is_some_and(|kib| kib < len as u64 / 1024) && std::time::Instant::now() < deadline {
+        while mapping_kib(addr, "Rss").is_some_and(|kib| kib < len as u64 / 1024) && std::time::Instant::now() < deadline {
             std::thread::sleep(std::time::Duration::from_millis(10));
         }
-        assert_eq!(resident_kib(addr), Some(len as u64 / 1024), "the whole file is resident");
+        assert_eq!(mapping_kib(addr, "Rss"), Some(len as u64 / 1024), "the whole file is resident");
         while Arc::strong_count(&map) > 1 && std::time::Instant::now() < deadline {
             std::thread::sleep(std::time::Duration::from_millis(10));
         }
