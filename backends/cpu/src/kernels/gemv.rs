@@ -178,7 +178,9 @@ fn bf16_activations(level: SimdLevel, dot: QuantDot, x: &[f32], n: usize, k: usi
             && dtype != DType::F8E4M3
             && n > super::x86::qdot::MAX_TOKENS
             && !super::quant::in_groups(level, dot, dtype, n, k);
-        if n > 0 && dot == QuantDot::Int8 && (dtype == DType::BF16 || quantized_prefill) && level.effective() == SimdLevel::Avx512 && dpbf16::available() {
+        // FP8 only where its codes go to the tiles unscaled (see `x86::fp8_tiles`).
+        let fp8_tiles = dtype == DType::F8E4M3 && fp8_on_tiles(level, dot, n, k);
+        if n > 0 && dot == QuantDot::Int8 && (dtype == DType::BF16 || quantized_prefill || fp8_tiles) && level.effective() == SimdLevel::Avx512 && dpbf16::available() {
             let len = need(n, k, "n·k")?;
             let x = x.get(..len).ok_or_else(|| shape_err(format!("matmul of {n} tokens × k={k}: x holds {} values", x.len())))?;
             let mut xb = vec![0u16; len];
@@ -189,6 +191,20 @@ fn bf16_activations(level: SimdLevel, dot: QuantDot, x: &[f32], n: usize, k: usi
     }
     let _ = (level, dot, x, n, k, dtype);
     Ok(None)
+}
+
+/// Whether an FP8 product of `n` tokens of `k` runs on the AMX tiles: as many tokens as the
+/// other block types leave their kernels at.
+pub(crate) fn fp8_on_tiles(level: SimdLevel, dot: QuantDot, n: usize, k: usize) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        n >= super::x86::amx::quant_min_tokens(DType::F8E4M3) && amx_tiles(level, dot, n, k)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (level, dot, n, k);
+        false
+    }
 }
 
 /// Whether a product of `n` tokens of `k` in the bf16 path takes the AMX tiles: reduced
@@ -259,7 +275,7 @@ pub(crate) fn bf16_rows(xb: &Bf16X, n: usize, k: usize, w: &[u8], rows: Range<us
             let row_tiles = nrows / amx::TILE;
             // SAFETY: the tiles were granted (`xt` exists only then), the extents were checked
             // above and `xt` is `amx::prepare`'s output for these `n` tokens of `k`.
-            unsafe { amx::rows(xt, n, k, wp, row_tiles, out.as_mut_ptr(), os) };
+            unsafe { amx::rows(xt, n, k, wp, row_tiles, out.as_mut_ptr(), os, None) };
             r = row_tiles * amx::TILE;
         }
         while r < nrows {

@@ -170,18 +170,44 @@ const CONFIG: Config = {
     Config(b)
 };
 
+/// Stores accumulator tile `tmm4 + q` to `sums`.
+#[inline(always)]
+unsafe fn store_sums(q: usize, sums: &mut Sums) {
+    let p = sums.0.as_mut_ptr();
+    match q {
+        0 => asm!("tilestored [{p} + {s}*1], tmm4", p = in(reg) p, s = in(reg) 64usize, options(nostack)),
+        1 => asm!("tilestored [{p} + {s}*1], tmm5", p = in(reg) p, s = in(reg) 64usize, options(nostack)),
+        2 => asm!("tilestored [{p} + {s}*1], tmm6", p = in(reg) p, s = in(reg) 64usize, options(nostack)),
+        _ => asm!("tilestored [{p} + {s}*1], tmm7", p = in(reg) p, s = in(reg) 64usize, options(nostack)),
+    }
+}
+
 /// Sums of 16 rows × 16 tokens, as a tile stores them (row-major).
 #[repr(C, align(64))]
 struct Sums([f32; TILE * TILE]);
 
+/// Scales of the weights' k-blocks (FP8: the codes go to the tiles unscaled): row `r`'s block
+/// `b` (values `b·32·steps ..`) is `s[r·per_row + b]`.
+pub(crate) struct Scales<'a> {
+    /// The scales, row-major.
+    pub s: &'a [f32],
+    /// Blocks per row.
+    pub per_row: usize,
+    /// Tile steps ([`KSTEP`] values) per block.
+    pub steps: usize,
+}
+
 /// `out[t·os + r] = x_t · w_r` for `r < 16·row_tiles` and `t < n`: `w` the bf16 rows (`k`
 /// values each, row-major, any alignment), `xt` the activations in tile order ([`prepare`]).
+/// With `scales`, each k-block's sums leave the tiles and add into f32 accumulators times
+/// their row's scale.
 ///
 /// # Safety
 /// [`available`] returned true (and AVX-512 is there); `w` holds `16·row_tiles` rows of `k` values, `xt` is
-/// [`prepare`]'s output for `n` tokens of `k`, `out` covers `(n − 1)·os + 16·row_tiles`.
+/// [`prepare`]'s output for `n` tokens of `k`, `out` covers `(n − 1)·os + 16·row_tiles`;
+/// `scales` (if any) has `steps > 0` and `per_row ≥ ⌈k / (32·steps)⌉` scales for each of those rows.
 #[target_feature(enable = "avx512f")]
-pub(crate) unsafe fn rows(xt: &[u32], n: usize, k: usize, w: *const u8, row_tiles: usize, out: *mut f32, os: usize) {
+pub(crate) unsafe fn rows(xt: &[u32], n: usize, k: usize, w: *const u8, row_tiles: usize, out: *mut f32, os: usize, scales: Option<&Scales>) {
     let (tiles, steps) = (n.div_ceil(TILE), k / KSTEP);
     let wstride = 2 * k;
     let tile_bytes = TILE * TILE * 4;
@@ -207,6 +233,8 @@ pub(crate) unsafe fn rows(xt: &[u32], n: usize, k: usize, w: *const u8, row_tile
             let x0 = x.add(tt * steps * tile_bytes);
             let x1 = x0.add(steps * tile_bytes);
             asm!("tilezero tmm4", "tilezero tmm5", "tilezero tmm6", "tilezero tmm7", options(nostack, nomem));
+            // Scaled: the f32 sums of the blocks so far, per (row tile, token tile), row-major.
+            let mut acc = [[std::arch::x86_64::_mm512_setzero_ps(); TILE]; 4];
             for s in 0..steps {
                 let (a0, b0) = (w0.add(s * 2 * KSTEP), x0.add(s * tile_bytes));
                 match (two_rows, two_tokens) {
@@ -256,23 +284,40 @@ pub(crate) unsafe fn rows(xt: &[u32], n: usize, k: usize, w: *const u8, row_tile
                         options(nostack, readonly)
                     ),
                 }
+                if let Some(sc) = scales {
+                    if (s + 1) % sc.steps == 0 || s + 1 == steps {
+                        let block = s / sc.steps;
+                        for (q, acc) in acc.iter_mut().enumerate() {
+                            let (i, j) = (q / 2, q % 2);
+                            if (i == 1 && !two_rows) || (j == 1 && !two_tokens) {
+                                continue;
+                            }
+                            store_sums(q, &mut sums);
+                            let r0 = (rt + i) * TILE;
+                            for (r, a) in acc.iter_mut().enumerate() {
+                                let f = std::arch::x86_64::_mm512_set1_ps(sc.s[(r0 + r) * sc.per_row + block]);
+                                let c = std::arch::x86_64::_mm512_load_ps(sums.0.as_ptr().add(r * TILE));
+                                *a = std::arch::x86_64::_mm512_fmadd_ps(c, f, *a);
+                            }
+                        }
+                        asm!("tilezero tmm4", "tilezero tmm5", "tilezero tmm6", "tilezero tmm7", options(nostack, nomem));
+                    }
+                }
             }
             // Sums tile (row tile i, token tile j) is tmm(4 + 2i + j).
             for (i, j) in [(0, 0), (0, 1), (1, 0), (1, 1)] {
                 if (i == 1 && !two_rows) || (j == 1 && !two_tokens) {
                     continue;
                 }
-                let p = sums.0.as_mut_ptr();
-                match 2 * i + j {
-                    0 => asm!("tilestored [{p} + {s}*1], tmm4", p = in(reg) p, s = in(reg) 64usize, options(nostack)),
-                    1 => asm!("tilestored [{p} + {s}*1], tmm5", p = in(reg) p, s = in(reg) 64usize, options(nostack)),
-                    2 => asm!("tilestored [{p} + {s}*1], tmm6", p = in(reg) p, s = in(reg) 64usize, options(nostack)),
-                    _ => asm!("tilestored [{p} + {s}*1], tmm7", p = in(reg) p, s = in(reg) 64usize, options(nostack)),
-                }
                 let (r0, t0) = ((rt + i) * TILE, (tt + j) * TILE);
                 let mut v = [std::arch::x86_64::_mm512_setzero_ps(); TILE];
-                for (r, v) in v.iter_mut().enumerate() {
-                    *v = std::arch::x86_64::_mm512_load_ps(sums.0.as_ptr().add(r * TILE));
+                if scales.is_some() {
+                    v = acc[2 * i + j];
+                } else {
+                    store_sums(2 * i + j, &mut sums);
+                    for (r, v) in v.iter_mut().enumerate() {
+                        *v = std::arch::x86_64::_mm512_load_ps(sums.0.as_ptr().add(r * TILE));
+                    }
                 }
                 transpose16(&mut v);
                 for (t, v) in v.iter().enumerate().take(TILE.min(n - t0)) {

@@ -50,6 +50,7 @@ pub(crate) mod amx;
 pub(crate) mod avx512;
 pub(crate) mod dpbf16;
 pub(crate) mod fp8_bf16;
+pub(crate) mod fp8_tiles;
 pub(crate) mod quant;
 pub(crate) mod qdot;
 pub(crate) mod qdot_i8;
