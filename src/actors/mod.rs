@@ -44,21 +44,7 @@ pub(crate) fn blocking_reply<T>(mut rx: tokio::sync::oneshot::Receiver<T>, what:
             Err(TryRecvError::Closed) => return Err(stopped()),
             Err(TryRecvError::Empty) => {}
         }
-        match rayon::yield_now() {
-            Some(rayon::Yield::Executed) => idle = 0,
-            // Nothing to help with: spin briefly (replies take microseconds), then yield the
-            // core, then sleep in short naps so a long wait (a copy, a slow actor) costs no CPU.
-            _ => {
-                idle = idle.saturating_add(1);
-                if idle < 64 {
-                    std::hint::spin_loop();
-                } else if idle < 256 {
-                    std::thread::yield_now();
-                } else {
-                    std::thread::sleep(std::time::Duration::from_micros(50));
-                }
-            }
-        }
+        wait_turn(&mut idle, true);
     }
 }
 
@@ -101,17 +87,25 @@ fn stay_awake(done: &std::sync::atomic::AtomicBool, step: Option<usize>) {
     }
     let mut idle = 0u32;
     while !done.load(std::sync::atomic::Ordering::Acquire) {
-        match rayon::yield_now() {
-            Some(rayon::Yield::Executed) => idle = 0,
-            _ => {
-                idle = idle.saturating_add(1);
-                if idle < 64 {
-                    std::hint::spin_loop();
-                } else {
-                    std::thread::yield_now();
-                }
-            }
-        }
+        wait_turn(&mut idle, false);
+    }
+}
+
+/// One turn of a wait on a pool worker: runs a pending pool job if there is one; else spins
+/// briefly (replies take microseconds), then yields the core, and with `nap`, past that, sleeps
+/// in short naps so that a long wait (a copy, a slow actor) costs no CPU.
+fn wait_turn(idle: &mut u32, nap: bool) {
+    if let Some(rayon::Yield::Executed) = rayon::yield_now() {
+        *idle = 0;
+        return;
+    }
+    *idle = idle.saturating_add(1);
+    if *idle < 64 {
+        std::hint::spin_loop();
+    } else if *idle < 256 || !nap {
+        std::thread::yield_now();
+    } else {
+        std::thread::sleep(std::time::Duration::from_micros(50));
     }
 }
 
