@@ -132,8 +132,8 @@ pub(crate) fn block_bf16(
     if dtype == DType::F8E4M3 {
         let xt = xb.tiles.as_ref().ok_or_else(|| shape_err(format!("an FP8 product of {n} tokens × k={k} in the bf16 path needs the AMX tiles")))?;
         // SAFETY: the tiles exist only where granted (with AVX-512, BW included) and `k` is a
-        // multiple of 32; the weights were checked above to hold `nrows` rows of whole blocks, `xt` was prepared for these `n`
-        // tokens of `k`, and `out` covers `(n − 1)·os + nrows`.
+        // multiple of 32; the weights were checked above to hold `nrows` rows of whole blocks,
+        // `xt` was prepared for these `n` tokens of `k`, and `out` covers `(n − 1)·os + nrows`.
         unsafe { super::x86::fp8_tiles::rows(xt, n, k, w, nrows, out.as_mut_ptr(), os) };
         return Ok(());
     }

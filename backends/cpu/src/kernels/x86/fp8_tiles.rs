@@ -50,13 +50,13 @@ pub(crate) unsafe fn e4m3_bf16(src: *const u8, dst: *mut u16, len: usize) {
 }
 
 /// `out[t·os + r] = x_t · w_r` for the `nrows` FP8 rows of `w` (`k` a multiple of 32; rows of
-/// whole blocks, a short last one padded), `xt` the token tiles of [`amx::prepare`]: 32 rows at a time decoded to unscaled bf16
-/// with their scales beside them.
+/// whole blocks, a short last one padded), `xt` the token tiles of [`amx::prepare`]: 32 rows
+/// at a time decoded to unscaled bf16 with their scales beside them.
 ///
 /// # Safety
 /// [`amx::available`] returned true and the CPU has AVX-512 BW; `k` is a multiple of 32, `w`
-/// holds `nrows` rows of `⌈k / 128⌉` blocks, `xt` is [`amx::prepare`]'s output for `n` tokens of `k`, `out` covers
-/// `(n − 1)·os + nrows`.
+/// holds `nrows` rows of `⌈k / 128⌉` blocks, `xt` is [`amx::prepare`]'s output for `n` tokens
+/// of `k`, `out` covers `(n − 1)·os + nrows`.
 pub(crate) unsafe fn rows(xt: &[u32], n: usize, k: usize, w: &[u8], nrows: usize, out: *mut f32, os: usize) {
     const CHUNK: usize = 2 * amx::TILE;
     let blocks = k.div_ceil(BLOCK);
