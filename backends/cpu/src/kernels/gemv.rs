@@ -161,12 +161,12 @@ fn whole_rows(w: &[u8], out_len: usize, n: usize, m: usize, k: usize, dtype: DTy
 /// activations whatever else shares the product keeps a sequence's numbers the same alone and
 /// in a batch. Quantized weights keep their int8 kernels up to 4 tokens; beyond, their rows are
 /// dequantized and rounded to bf16 (no coarser than the int8 activations the mode already
-/// accepts), where the f32 tiles ran at half the rate. FP8 is not rounded here: it meets bf16
-/// activations in its own kernel at every token count ([`super::quant::in_groups`]), or stays
-/// exact; the types that run their int8 kernels at every token count skip the tiles too,
-/// except in products that take the AMX tiles. (FP8 never: its weights would be rounded with
-/// their block scales, where its own kernel keeps them exact; that moved the logits of the
-/// FP8 fixture by 0.36 between a sequence alone and in a batch.)
+/// accepts), where the f32 tiles ran at half the rate. The types that run their int8 kernels at
+/// every token count ([`super::quant::in_groups`]) skip it, except in products that take the
+/// AMX tiles. FP8 comes here only for the tiles, which take its codes unscaled: rounded to bf16
+/// with their block scales its weights moved the FP8 fixture's logits by 0.36 between a
+/// sequence alone and in a batch; elsewhere it meets bf16 activations in its own kernel, or
+/// stays exact.
 ///
 /// Products of at least [`super::x86::amx::MIN_TOKENS`] tokens also get the activations in
 /// AMX tile order where the CPU has the tiles (and `k` is whole tile steps).
@@ -175,12 +175,10 @@ fn bf16_activations(level: SimdLevel, dot: QuantDot, x: &[f32], n: usize, k: usi
     {
         use super::x86::dpbf16;
         let quantized_prefill = dtype.is_quantized()
-            && dtype != DType::F8E4M3
             && n > super::x86::qdot::MAX_TOKENS
-            && !super::quant::in_groups(level, dot, dtype, n, k);
-        // FP8 only where its codes go to the tiles unscaled (see `x86::fp8_tiles`).
-        let fp8_tiles = dtype == DType::F8E4M3 && fp8_on_tiles(level, dot, n, k);
-        if n > 0 && dot == QuantDot::Int8 && (dtype == DType::BF16 || quantized_prefill || fp8_tiles) && level.effective() == SimdLevel::Avx512 && dpbf16::available() {
+            && !super::quant::in_groups(level, dot, dtype, n, k)
+            && (dtype != DType::F8E4M3 || fp8_on_tiles(level, dot, n, k));
+        if n > 0 && dot == QuantDot::Int8 && (dtype == DType::BF16 || quantized_prefill) && level.effective() == SimdLevel::Avx512 && dpbf16::available() {
             let len = need(n, k, "n·k")?;
             let x = x.get(..len).ok_or_else(|| shape_err(format!("matmul of {n} tokens × k={k}: x holds {} values", x.len())))?;
             let mut xb = vec![0u16; len];

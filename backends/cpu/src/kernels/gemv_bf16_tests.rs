@@ -244,13 +244,12 @@ fn quantized_prefill_matches_rounded_dequantized_reference() {
                 let (got, exact) = both_modes(&pool, &x, n, k, &w, dtype, m);
                 // Types that take their fused kernels at every token count are checked
                 // against each token alone (`int8_tests::grouped_prefill_equals_each_token_alone`).
-                // FP8 from 32 tokens on the AMX tiles (before its own kernel): its codes unscaled
-                // (exact in bf16), the scales applied in f32 per block, so only the activations
-                // are rounded.
-                let fp8_tiles = dtype == DType::F8E4M3 && fp8_on_tiles(SimdLevel::Auto, QuantDot::Int8, n, k);
-                if !fp8_tiles && super::super::quant::in_groups(SimdLevel::Auto, QuantDot::Int8, dtype, n, k) {
+                if super::super::quant::in_groups(SimdLevel::Auto, QuantDot::Int8, dtype, n, k) {
                     continue;
                 }
+                // FP8 from 32 tokens on the AMX tiles: its codes unscaled (exact in bf16), the
+                // scales applied in f32 per block, so only the activations are rounded.
+                let fp8_tiles = dtype == DType::F8E4M3 && fp8_on_tiles(SimdLevel::Auto, QuantDot::Int8, n, k);
                 let bf16_path = has_dpbf16() && (dtype != DType::F8E4M3 || fp8_tiles);
                 for t in 0..n {
                     for r in 0..m {

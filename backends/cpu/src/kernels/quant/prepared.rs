@@ -17,16 +17,16 @@ use ft_backend::{DType, Result};
 /// aligned); the others keep the tiles, their int8 kernels at 4 tokens being no clearly
 /// faster (Q5_K 78–90 / 72–83, Q4_0 80 / 80–86, NVFP4 90 / 81–87). Where a product of `n`
 /// tokens of `k` takes the AMX tiles ([`crate::kernels::gemv::amx_tiles`]) and has at least
-/// [`crate::kernels::x86::amx::quant_min_tokens`], the integer types go to them instead,
-/// dequantized to bf16 (up to 3× these kernels' rate at 512 tokens); FP8 keeps its own
-/// kernel, whose weights stay exact.
+/// [`crate::kernels::x86::amx::quant_min_tokens`], every type goes to them instead (up to 3×
+/// these kernels' rate at 512 tokens): the integer types dequantized to bf16, FP8 as unscaled
+/// codes with its weights exact (`x86::fp8_tiles`).
 pub(crate) fn in_groups(level: SimdLevel, dot: QuantDot, dtype: DType, n: usize, k: usize) -> bool {
     #[cfg(target_arch = "x86_64")]
     {
         if dot != QuantDot::Int8 || level.effective() != SimdLevel::Avx512 {
             return false;
         }
-        if dtype != DType::F8E4M3 && n >= crate::kernels::x86::amx::quant_min_tokens(dtype) && crate::kernels::gemv::amx_tiles(level, dot, n, k) {
+        if n >= crate::kernels::x86::amx::quant_min_tokens(dtype) && crate::kernels::gemv::amx_tiles(level, dot, n, k) {
             return false;
         }
         match dtype {
