@@ -56,10 +56,15 @@ pub struct CpuState {
 /// The CPU executor pool actor.
 pub struct CpuExecutors;
 
-fn mat(pool: &ThreadPool, level: SimdLevel, dot: QuantDot, x: &[f32], n: usize, m: &HostMatrix) -> Result<Vec<f32>, BackendError> {
+/// One product, split over `pool`, or on the calling thread without one.
+fn mat(pool: Option<&ThreadPool>, level: SimdLevel, dot: QuantDot, x: &[f32], n: usize, m: &HostMatrix) -> Result<Vec<f32>, BackendError> {
     let mut out = vec![0f32; n * m.rows];
     crate::model::reads::add(m.bytes.len());
-    kernels::matmul(pool, level, dot, x, n, m.cols, m.bytes.as_slice(), m.dtype, m.rows, &mut out)?;
+    let (k, w) = (m.cols, m.bytes.as_slice());
+    match pool {
+        Some(pool) => kernels::matmul(pool, level, dot, x, n, k, w, m.dtype, m.rows, &mut out)?,
+        None => kernels::matmul_alone(level, dot, x, n, k, w, m.dtype, m.rows, &mut out)?,
+    }
     Ok(out)
 }
 
@@ -74,9 +79,9 @@ fn add_bias(y: &mut [f32], bias: &ft_backend::HostBytes, cols: usize) -> Result<
 }
 
 /// `down(act(gate·x + b_g, up·x + b_u)) + b_d` on the CPU kernels, the same math as the
-/// device path.
+/// device path; each product split over `pool`, or all on the calling thread without one.
 pub fn expert_on_cpu(
-    pool: &ThreadPool,
+    pool: Option<&ThreadPool>,
     level: SimdLevel,
     dot: QuantDot,
     act: BinaryOp,
@@ -115,9 +120,14 @@ impl Actor for CpuExecutors {
         let (pool, level, dot, act, host, faults) = (st.pool.clone(), st.level, st.dot, st.act, st.host.clone(), st.faults.clone());
         st.pool.spawn(move || {
             use rayon::prelude::*;
-            // Experts run side by side; each one's matmuls also split rows over the pool.
+            // Experts run side by side, each whole on one worker, where they share the workers
+            // evenly; otherwise each one's products split their rows over the pool in turn.
+            let tokens: Vec<usize> = jobs.iter().map(|j| j.n).collect();
+            let alone = crate::policy::executors::side_by_side(&tokens, pool.current_num_threads());
+            let split = (!alone).then_some(&*pool);
             let r: Result<Vec<CpuDone>, PipelineFault> = jobs
                 .par_iter()
+                .with_max_len(if alone { 1 } else { usize::MAX })
                 .map(|job| {
                     let start = Instant::now();
                     let (layer, expert) = (job.key.layer as usize, job.key.expert);
@@ -129,7 +139,7 @@ impl Actor for CpuExecutors {
                     if faults.take(FaultKind::Cpu) {
                         return Err(kernel_err(BackendError::Device("injected kernel fault".into())));
                     }
-                    let y = expert_on_cpu(&pool, level, dot, act, w, &job.xs, job.n).map_err(kernel_err)?;
+                    let y = expert_on_cpu(split, level, dot, act, w, &job.xs, job.n).map_err(kernel_err)?;
                     Ok(CpuDone { y, secs: start.elapsed().as_secs_f64(), queued_s: (delivered - sent).as_secs_f64(), bytes: w.size_bytes() as u64 })
                 })
                 .collect();

@@ -103,16 +103,23 @@ pub fn cpu_stream_rate(pool: &ThreadPool, dot: QuantDot, dtype: DType, shape: Ex
         .collect();
     let level = SimdLevel::Auto.effective();
     let (xh, xi) = (vec![0.01f32; h], vec![0.01f32; i]);
+    // As the CPU executors run a layer's experts: side by side, or each product split.
+    let alone = crate::policy::executors::side_by_side(&vec![1; shape.parallel.max(1)], pool.current_num_threads());
+    let mm = |x: &[f32], k: usize, w: &[u8], m: usize, out: &mut [f32]| match alone {
+        true => kernels::matmul_alone(level, dot, x, 1, k, w, dtype, m, out),
+        false => kernels::matmul(pool, level, dot, x, 1, k, w, dtype, m, out),
+    };
     let run_expert = |e: &[&[u8]; 3]| -> Result<(), BackendError> {
         let mut g = vec![0f32; i];
-        kernels::matmul(pool, level, dot, &xh, 1, h, e[0], dtype, i, &mut g)?;
-        kernels::matmul(pool, level, dot, &xh, 1, h, e[1], dtype, i, &mut g)?;
+        mm(&xh, h, e[0], i, &mut g)?;
+        mm(&xh, h, e[1], i, &mut g)?;
         let mut d = vec![0f32; h];
-        kernels::matmul(pool, level, dot, &xi, 1, i, e[2], dtype, h, &mut d)
+        mm(&xi, i, e[2], h, &mut d)
     };
+    let max_len = if alone { 1 } else { usize::MAX };
     let pass = || -> Result<f64, BackendError> {
         let t = Instant::now();
-        pool.install(|| experts.chunks(shape.parallel.max(1)).try_for_each(|group| group.par_iter().try_for_each(run_expert)))?;
+        pool.install(|| experts.chunks(shape.parallel.max(1)).try_for_each(|group| group.par_iter().with_max_len(max_len).try_for_each(run_expert)))?;
         Ok(t.elapsed().as_secs_f64())
     };
     pass()?;

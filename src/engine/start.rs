@@ -50,7 +50,7 @@ fn measure_bandwidths(be: &dyn Backend, host: &HostExperts, shape: ExpertShape, 
     let mut best_h = f64::INFINITY;
     for _ in 0..reps {
         let t = Instant::now();
-        expert_on_cpu(cpu_pool, level, quant_dot, act, w, &x, 1).map_err(start_err)?;
+        expert_on_cpu(Some(cpu_pool), level, quant_dot, act, w, &x, 1).map_err(start_err)?;
         best_h = best_h.min(t.elapsed().as_secs_f64());
     }
     Ok((bytes / best_p.max(1e-9), bytes / best_h.max(1e-9)))

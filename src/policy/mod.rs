@@ -8,6 +8,7 @@
 //! owns the arithmetic, so it can be unit-tested directly and reasoned about in isolation.
 //!
 //! - [`batch`]: how many tokens each running sequence advances in one batched step.
+//! - [`executors`]: whether a layer's CPU experts run side by side or split over the pool.
 //! - [`anchors`]: the radix index of reusable prompt-prefix state for edited conversations.
 //! - [`cache`]: the expert slot table — LRU with leases that pin slots and release on drop.
 //! - [`split`]: the decode miss split `q` (fetch vs CPU) and which misses to fetch.
@@ -22,6 +23,7 @@ pub mod anchors;
 pub mod batch;
 pub mod budget;
 pub mod cache;
+pub mod executors;
 pub mod fit;
 pub mod kv_pool;
 pub mod mode;

@@ -21,11 +21,24 @@ const CHUNK_ROWS: usize = 16;
 /// every token tile sweeps it; 1024 measured ~25 % faster than 256 and no
 /// slower than unblocked.
 const KC: usize = 1024;
-/// Most weight bytes one pool task reads. Tasks are also the unit a free thread can take
-/// over, so this bounds how long one thread can wait at the end of a product for the other:
-/// the output head of a 150k vocabulary in bf16 is 622 MB, and its former quarter-matrix
-/// pieces left one of two threads idle for milliseconds per token.
+/// Most weight bytes one pool task of a prefill-sized product reads. Tasks are also the unit
+/// a free thread can take over, so this bounds how long one thread can wait at the end of a
+/// product for the other: the output head of a 150k vocabulary in bf16 is 622 MB, and its
+/// former quarter-matrix pieces left one of two threads idle for milliseconds per token.
 const TASK_BYTES: usize = 512 << 10;
+/// Fewest weight bytes in one task of a decode-sized product (at most [`DECODE_TOKENS`]
+/// tokens): these stream, and how evenly the threads finish decides their rate. A 4.7 MB Q4_K attention projection in 9
+/// tasks of ≤ 512 KiB on 2 threads left one thread a whole task alone at the end and ran at
+/// 13.5–14.6 GB/s; in 32 KiB tasks, 18.4–20.4 (a chain of cold products, huge pages,
+/// alternating in one process). Each thread still reads a contiguous run of tasks (rayon
+/// splits the range in halves): claiming 16–128 KiB chunks in turn from a shared counter
+/// instead cost a third of the rate of a long matrix.
+const DECODE_TASK_BYTES: usize = 32 << 10;
+/// Most tasks of a decode-sized product: the output head would otherwise make ~8,000
+/// (rayon's join per task then costs a few percent); 512 kept long matrices at their rate.
+const DECODE_TASKS: usize = 512;
+/// Most tokens a product has to count as decode-sized (memory-bound) in [`task_rows`].
+const DECODE_TOKENS: usize = 4;
 
 /// `out[i, r - rows.start] = x[i, :] · w[r, :]` for `i < n` and `r` in `rows`, on the calling
 /// thread.
@@ -96,9 +109,32 @@ pub fn matmul(
     m: usize,
     out: &mut [f32],
 ) -> Result<()> {
+    matmul_on(Some(pool), level, dot, x, n, k, w, dtype, m, out)
+}
+
+/// [`matmul`] on the calling thread alone, with the same kernels (and so the same bits): for
+/// products that run side by side, one per pool thread, such as a layer's decode experts.
+#[allow(clippy::too_many_arguments)]
+pub fn matmul_alone(level: SimdLevel, dot: QuantDot, x: &[f32], n: usize, k: usize, w: &[u8], dtype: DType, m: usize, out: &mut [f32]) -> Result<()> {
+    matmul_on(None, level, dot, x, n, k, w, dtype, m, out)
+}
+
+/// [`matmul`] split over `pool`, or on the calling thread with none.
+#[allow(clippy::too_many_arguments)]
+fn matmul_on(
+    pool: Option<&ThreadPool>,
+    level: SimdLevel,
+    dot: QuantDot,
+    x: &[f32],
+    n: usize,
+    k: usize,
+    w: &[u8],
+    dtype: DType,
+    m: usize,
+    out: &mut [f32],
+) -> Result<()> {
     let work = need(need(n, k, "n·k")?, m, "n·k·m")?;
-    let threads = pool.current_num_threads();
-    let serial = threads <= 1 || work < PARALLEL_MIN_WORK || m < 2 * CHUNK_ROWS;
+    let pool = pool.filter(|p| p.current_num_threads() > 1 && work >= PARALLEL_MIN_WORK && m >= 2 * CHUNK_ROWS);
     let checked = |w| whole_rows(w, out.len(), n, m, k, dtype);
     if let Some(xb) = bf16_activations(level, dot, x, n, k, dtype)? {
         let rb = dtype.row_bytes(k);
@@ -110,25 +146,19 @@ pub fn matmul(
             bf16_rows(&xb, n, k, w, r.clone(), o, r.len());
             Ok(())
         };
-        if serial {
-            return run(0..m, out);
-        }
+        let Some(pool) = pool else { return run(0..m, out) };
         return split_rows(pool, n, m, rb, out, run);
     }
     if dtype.is_quantized() {
         // Padding, sub-block sums and int8 codes are made once, not once per row chunk.
         if let Some(prep) = Prepared::new(level, dot, x, k, n, k, dtype)? {
             let w = checked(w)?;
-            if serial {
-                return prep.run(w, m, out, m);
-            }
+            let Some(pool) = pool else { return prep.run(w, m, out, m) };
             let rb = dtype.row_bytes(k);
             return split_rows(pool, n, m, rb, out, |r, o| prep.run(&w[r.start * rb..], r.len(), o, r.len()));
         }
     }
-    if serial {
-        return matmul_rows(level, x, n, k, w, dtype, 0..m, out);
-    }
+    let Some(pool) = pool else { return matmul_rows(level, x, n, k, w, dtype, 0..m, out) };
     // Validate once here so the per-chunk calls cannot fail half-way through.
     let row_bytes = need(k.div_ceil(dtype.block_elems()), dtype.size(), "weight row bytes")?;
     if w.len() < need(m, row_bytes, "weight bytes")? || x.len() < need(n, k, "n·k")? || out.len() < need(n, m, "n·m")? {
@@ -317,7 +347,7 @@ fn split_rows(
     out: &mut [f32],
     f: impl Fn(Range<usize>, &mut [f32]) -> Result<()> + Sync,
 ) -> Result<()> {
-    let per_task = task_rows(pool.current_num_threads(), m, row_bytes);
+    let per_task = task_rows(pool.current_num_threads(), n, m, row_bytes);
     if n == 1 {
         // `with_max_len(1)`: every chunk is a job of its own that an idle thread can take;
         // rayon's default stops splitting at about a quarter of the range per thread and
@@ -354,13 +384,20 @@ fn split_rows(
     Ok(())
 }
 
-/// Rows of one pool task: at least four tasks per thread (uneven progress evens out), at most
-/// [`TASK_BYTES`] of weights, a multiple of the prefill chunk so that no thread gets a
-/// ragged tile in the middle of its range.
-fn task_rows(threads: usize, m: usize, row_bytes: usize) -> usize {
-    let even = m.div_ceil(threads.max(1) * 4);
-    let cap = (TASK_BYTES / row_bytes.max(1)).max(1);
-    even.min(cap).max(1).next_multiple_of(CHUNK_ROWS)
+/// Rows of one pool task of an `n`-token product, a multiple of the prefill chunk so that no
+/// thread gets a ragged tile in the middle of its range. Decode-sized products: tasks of
+/// [`DECODE_TASK_BYTES`] (at most [`DECODE_TASKS`] of them); prefill: at least four tasks per
+/// thread (uneven progress evens out), at most [`TASK_BYTES`] of weights.
+fn task_rows(threads: usize, n: usize, m: usize, row_bytes: usize) -> usize {
+    let rows = if n <= DECODE_TOKENS {
+        let bytes = DECODE_TASK_BYTES.max(m.saturating_mul(row_bytes) / DECODE_TASKS);
+        bytes / row_bytes.max(1)
+    } else {
+        let even = m.div_ceil(threads.max(1) * 4);
+        let cap = (TASK_BYTES / row_bytes.max(1)).max(1);
+        even.min(cap)
+    };
+    rows.max(1).next_multiple_of(CHUNK_ROWS)
 }
 
 /// Strided core: `out[t*os + r] = x[t*xs..][..k] · w_row(r)` for `t < n`, `r < nrows`, where

@@ -287,22 +287,33 @@ fn quantized_prefill_matches_rounded_dequantized_reference() {
     }
 }
 
-/// Pool tasks: four a thread for small products, capped by bytes for large ones (the output
-/// head), always whole prefill chunks; the tasks cover every row.
+/// Pool tasks: decode-sized products in tasks of ~32 KiB (at most 512 of them), prefill four a
+/// thread for small products, capped by bytes for large ones (the output head); always whole
+/// prefill chunks, and the tasks cover every row.
 #[test]
 fn task_rows_caps_bytes_and_keeps_chunks() {
-    // An expert's gate in bf16: 768 rows of 4 KiB, a quarter per thread pair → 96 rows.
-    assert_eq!(task_rows(2, 768, 4096), 96);
-    // A 151,936-row bf16 head: 128 rows (512 KiB) a task, not 18,992.
-    assert_eq!(task_rows(2, 151_936, 4096), 128);
+    // An expert's gate in bf16 (768 rows of 4 KiB), one token: 32 KiB is 8 rows, one chunk.
+    assert_eq!(task_rows(2, 1, 768, 4096), CHUNK_ROWS);
+    // A 4.7 MB Q4_K projection (4096 rows of 1152 B): 28 rows → 32, 128 tasks.
+    assert_eq!(task_rows(2, 1, 4096, 1152), 32);
+    // A 151,936-row bf16 head at one token: 512 tasks of ~1.2 MB, not 19,000 of 32 KiB.
+    assert_eq!(task_rows(2, 1, 151_936, 4096), 304);
+    assert!(151_936usize.div_ceil(task_rows(2, 4, 151_936, 4096)) <= DECODE_TASKS);
+    // Prefill: the gate, a quarter per thread pair → 96 rows; the head 128 rows (512 KiB).
+    assert_eq!(task_rows(2, 64, 768, 4096), 96);
+    assert_eq!(task_rows(2, 64, 151_936, 4096), 128);
     // Rows wider than the cap still make one chunk a task.
-    assert_eq!(task_rows(2, 10_000, 4 << 20), CHUNK_ROWS);
+    assert_eq!(task_rows(2, 64, 10_000, 4 << 20), CHUNK_ROWS);
+    // At one token they are ≥ 32 KiB each, and the 512-task cap makes ~19 → 32 rows.
+    assert_eq!(task_rows(2, 1, 10_000, 4 << 20), 2 * CHUNK_ROWS);
     // A few rows on many threads: one chunk.
-    assert_eq!(task_rows(16, 20, 64), CHUNK_ROWS);
-    for (threads, m, rb) in [(1, 1, 1), (2, 151_936, 4096), (3, 1000, 700), (8, 33, 10)] {
-        let per = task_rows(threads, m, rb);
-        assert!(per >= 1 && per.is_multiple_of(CHUNK_ROWS));
-        assert!(m.div_ceil(per) * per >= m);
+    assert_eq!(task_rows(16, 64, 20, 64), CHUNK_ROWS);
+    for n in [1, 4, 5, 64] {
+        for (threads, m, rb) in [(1, 1, 1), (2, 151_936, 4096), (3, 1000, 700), (8, 33, 10)] {
+            let per = task_rows(threads, n, m, rb);
+            assert!(per >= 1 && per.is_multiple_of(CHUNK_ROWS));
+            assert!(m.div_ceil(per) * per >= m);
+        }
     }
 }
 
@@ -364,5 +375,30 @@ fn q4_k_straight_to_bf16_equals_rounded_decode() {
         // SAFETY: AVX-512 BF16 checked above; `raw` holds `blocks` blocks, `got` their values.
         unsafe { super::super::x86::quant::q4_k_blocks_bf16(raw.as_ptr(), got.as_mut_ptr(), blocks) };
         assert_eq!(got, want);
+    }
+}
+
+/// A product run on the calling thread alone (a decode expert side by side with others) gives
+/// the bits it gets split over the pool in the decode tasks or the prefill ones, in both
+/// modes, for bf16 and every block type; rows enough for many tasks, and a ragged last one.
+#[test]
+fn a_product_alone_equals_it_split_over_the_pool() {
+    let pool = rayon::ThreadPoolBuilder::new().num_threads(2).build().expect("pool");
+    let (k, m) = (256, 600);
+    let wf = values(m * k, 21);
+    let bf: Vec<u8> = wf.iter().flat_map(|v| half::bf16::from_f32(*v).to_le_bytes()).collect();
+    let weights = std::iter::once((DType::BF16, bf)).chain(DType::QUANTIZED.into_iter().map(|d| (d, ft_backend::quant::quantize_matrix(d, &wf, m, k))));
+    for (dtype, w) in weights {
+        for dot in [QuantDot::Exact, QuantDot::Int8] {
+            for n in [1, 3, 20] {
+                let x = values(n * k, n as u64 + 60);
+                let (mut split, mut alone) = (vec![0f32; n * m], vec![0f32; n * m]);
+                matmul(&pool, SimdLevel::Auto, dot, &x, n, k, &w, dtype, m, &mut split).expect("split");
+                matmul_alone(SimdLevel::Auto, dot, &x, n, k, &w, dtype, m, &mut alone).expect("alone");
+                assert!(m.div_ceil(task_rows(2, n, m, dtype.row_bytes(k))) > 2, "{dtype} n={n}: the split should make several tasks");
+                let same = split.iter().zip(&alone).all(|(a, b)| a.to_bits() == b.to_bits());
+                assert!(same, "{dtype} {dot:?} n={n}: alone and split differ");
+            }
+        }
     }
 }
