@@ -8,7 +8,7 @@
 //! | [`router::Router`] | the miss split and fetch choice per layer |
 //! | [`cache::CacheManager`] | the slot table, LRU order, leases, capacity |
 //! | [`transfer::TransferEngine`] | copies of experts into slots and layer buffers |
-//! | [`cpu::CpuExecutors`] | a thread pool computing experts from host memory |
+//! | [`cpu::CpuExecutors`] | a thread pool computing experts from host memory; layer jobs arrive through its intake, the pool's own queue |
 
 pub mod cache;
 pub mod cpu;

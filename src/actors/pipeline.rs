@@ -11,7 +11,7 @@
 //! while this one computes.
 
 use super::cache::CacheMsg;
-use super::cpu::{CpuDone, CpuJob, CpuMsg};
+use super::cpu::{CpuBatch, CpuIntake, CpuJob};
 use super::router::{LayerPlan, RouterMsg};
 use super::slots::SlotPool;
 use super::transfer::{Copied, TransferMsg};
@@ -37,8 +37,8 @@ pub struct PipelineLinks {
     pub router: ActorRef<RouterMsg>,
     /// The transfer engine.
     pub transfer: ActorRef<TransferMsg>,
-    /// The CPU executors.
-    pub cpu: ActorRef<CpuMsg>,
+    /// The CPU executors' intake.
+    pub cpu: CpuIntake,
     /// The cache manager (told to forget experts whose copy failed).
     pub cache: ActorRef<CacheMsg>,
     /// Expert device memory.
@@ -140,6 +140,9 @@ pub struct PipelineExperts<'a> {
     pub first_moe_layer: usize,
     /// The miss policy in effect (the device stream sets it, and tells the router).
     pub mode: ResolvedMode,
+    /// This step's experts per layer, counted by the router once the step is done
+    /// ([`ResolvedMode::Cpu`]).
+    recorded: Vec<(u16, Vec<u32>)>,
 }
 
 impl ExpertRunner for PipelineExperts<'_> {
@@ -151,7 +154,23 @@ impl ExpertRunner for PipelineExperts<'_> {
     }
 }
 
-impl PipelineExperts<'_> {
+impl<'a> PipelineExperts<'a> {
+    /// A runner for one forward step.
+    pub fn new(links: &'a PipelineLinks, stats: &'a mut RunStats, first_moe_layer: usize, mode: ResolvedMode) -> Self {
+        Self { links, stats, first_moe_layer, mode, recorded: vec![] }
+    }
+
+    /// Ends the step: tells the router the experts it recorded (one message for the step).
+    pub fn finish(self) -> Result<(), ModelError> {
+        if self.recorded.is_empty() {
+            return Ok(());
+        }
+        let t = Instant::now();
+        self.links.router.cast(RouterMsg::RecordStep(self.recorded)).map_err(err)?;
+        self.stats.messaging_s += t.elapsed().as_secs_f64();
+        Ok(())
+    }
+
     /// [`ExpertRunner::run_experts`], timed by the caller.
     fn experts_inner(&mut self, model: &Model, layer: usize, h: &DeviceBuffer, routing: &Routing, out: &mut DeviceBuffer) -> Result<(), ModelError> {
         let be = model.backend();
@@ -164,9 +183,9 @@ impl PipelineExperts<'_> {
         let plan = if self.mode == ResolvedMode::Cpu {
             // Nothing to lease or fetch: every expert goes to the CPU executors, in routing
             // order (so the sum of their outputs does not depend on earlier requests). The
-            // router only counts them, and nobody waits for it.
+            // router only counts them, once the step is done ([`Self::finish`]).
             let experts: Vec<u32> = groups.iter().map(|(e, _, _)| *e).collect();
-            self.links.router.cast(RouterMsg::Record { layer: layer as u16, experts: experts.clone(), new_step }).map_err(err)?;
+            self.recorded.push((layer as u16, experts.clone()));
             LayerPlan { cpu: experts, ..Default::default() }
         } else {
             let (tx, rx) = oneshot::channel();
@@ -191,7 +210,7 @@ impl PipelineExperts<'_> {
                 })
                 .collect();
             let (tx, rx) = oneshot::channel();
-            self.links.cpu.cast(CpuMsg::Run { jobs, sent: Instant::now(), reply: tx.into() }).map_err(err)?;
+            self.links.cpu.run(jobs, tx.into());
             cpu_reply = Some(rx);
         }
         let LayerPlan { hits, fetch, cpu } = plan;
@@ -233,9 +252,10 @@ impl PipelineExperts<'_> {
         drop(fetches);
         drop(landed);
         if let Some(rx) = cpu_reply {
-            let done: Vec<CpuDone> = blocking_reply(rx, "CPU executors")??;
-            self.stats.messaging_s += done.first().map_or(0.0, |d| d.queued_s);
-            for (e, d) in cpu.iter().zip(done) {
+            let batch: CpuBatch = blocking_reply(rx, "CPU executors")??;
+            // Both hops: the jobs' wait for a worker, and the reply's for this thread to see it.
+            self.stats.messaging_s += batch.queued_s + batch.sent_back.elapsed().as_secs_f64();
+            for (e, d) in cpu.iter().zip(batch.done) {
                 st.cpu_s += d.secs;
                 st.cpu_computed += 1;
                 let (_, rows, weights) = &groups[by_id[e]];

@@ -4,7 +4,7 @@ use super::api::*;
 use super::driver::{DriverArgs, EngineDriver};
 use super::EngineHandle;
 use crate::actors::cache::CacheManager;
-use crate::actors::cpu::{expert_on_cpu, CpuExecutors};
+use crate::actors::cpu::{expert_on_cpu, CpuExecutors, CpuMsg};
 use crate::actors::device::{DeviceArgs, DeviceStream};
 use crate::actors::faults::FaultInjector;
 use crate::actors::pipeline::PipelineLinks;
@@ -191,7 +191,8 @@ pub(super) async fn spawn(
     let (cpu, _) = Actor::spawn(None, CpuExecutors, cpu_args).await.map_err(start_err)?;
     let costs = SplitCosts::new(st.bytes_per_expert, b_p, b_h);
     let (router, _) = Actor::spawn(None, Router, RouterArgs { cache: cache.clone(), mode, costs }).await.map_err(start_err)?;
-    let links = PipelineLinks { router: router.clone(), transfer: transfer.clone(), cpu: cpu.clone(), cache: cache.clone(), pool: pool.clone() };
+    let intake = ractor::call!(cpu, CpuMsg::Intake).map_err(start_err)?;
+    let links = PipelineLinks { router: router.clone(), transfer: transfer.clone(), cpu: intake, cache: cache.clone(), pool: pool.clone() };
     let device_args = DeviceArgs {
         model: model.clone(),
         links,

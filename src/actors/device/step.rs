@@ -24,8 +24,10 @@ impl Worker {
             model.forward_batch(items, None, &mut runner)
         } else {
             let first_moe_layer = self.moe_layers.first().copied().unwrap_or(0);
-            let mut runner = PipelineExperts { links: &self.args.links, stats: &mut self.run, first_moe_layer, mode: self.args.mode };
-            model.forward_batch(items, None, &mut runner)
+            let mut runner = PipelineExperts::new(&self.args.links, &mut self.run, first_moe_layer, self.args.mode);
+            let out = model.forward_batch(items, None, &mut runner)?;
+            runner.finish()?;
+            Ok(out)
         }
     }
 
