@@ -147,6 +147,7 @@ pub(crate) const PV_HEADS: usize = 4;
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn pv_g<const G: usize, const D: u8>(a: Pv) {
     let es = esize(D);
+    let slice = a.vhd * es;
     let mut c = 0;
     while c + 16 <= a.vhd {
         let mut acc0 = [_mm256_setzero_ps(); G];
@@ -160,6 +161,9 @@ unsafe fn pv_g<const G: usize, const D: u8>(a: Pv) {
         }
         for j in 0..a.len {
             let vp = a.v.add(j * a.vsb + c * es);
+            if c == 0 {
+                super::pv_prefetch(&a, j, slice);
+            }
             let (v0, v1) = (load::<D>(vp), load::<D>(vp.add(8 * es)));
             for g in 0..G {
                 let pb = _mm256_set1_ps(*a.p.add(g * a.ps + j));
