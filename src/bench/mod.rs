@@ -15,7 +15,7 @@ pub mod replay;
 pub mod stream;
 pub mod subagents;
 
-use crate::engine::{EngineError, EngineHandle, EngineRequest, GenEvent};
+use crate::engine::{EngineError, EngineHandle, EngineRequest, EngineStats, GenEvent};
 use ft_backend_cpu::kernels::Loads;
 use rayon::prelude::*;
 use std::time::Instant;
@@ -235,16 +235,24 @@ pub async fn run(engine: &EngineHandle, opts: &BenchOptions, progress: &mut (dyn
     one_run(engine, prompt_for(0), 2).await?;
     let runs = opts.repeats.max(1);
     let (mut prefill, mut decode, mut gb_s, mut bytes) = (vec![], vec![], vec![], vec![]);
-    let mut last_stats = None;
+    // Over every decode run: the layer counters after each run's first token and the decode
+    // steps they cover; the decode steps' seconds, actor and expert-phase seconds.
+    let (mut layers, mut layer_steps) = (crate::engine::LayerStats::default(), 0u64);
+    let (mut dec_s, mut actor_s, mut expert_s) = (0.0, 0.0, 0.0);
     // Pool CPU seconds and thread-seconds of wall time over every decode run.
     let (mut pool_cpu, mut pool_wall, mut pool_known) = (0.0, 0.0, true);
     for r in 0..runs {
         let prompt = prompt_for(1 + 2 * r as u32);
         progress(&format!("run {}/{runs}: cold prefill of {} tokens", r + 1, prompt.len()));
-        let (prefill_s, _, _, _) = one_run(engine, prompt, 1).await?;
+        let (prefill_s, _, _, _, _) = one_run(engine, prompt, 1).await?;
         prefill.push(prompt_len_or_1(opts) / prefill_s.max(1e-9));
         progress(&format!("run {}/{runs}: decode of {} tokens", r + 1, opts.gen_tokens));
-        let (_, decode_s, n, cpu) = one_run(engine, prompt_for(2 + 2 * r as u32), opts.gen_tokens + 1).await?;
+        // Reset before the request, not at its first token: the reset then reaches the device
+        // stream ahead of the request's steps, so the decode counters hold all of them (the
+        // prompt's step is not a decode step). Reset at the first token, it could land after
+        // the last step of a fast model and leave nothing counted.
+        engine.reset_stats().await?;
+        let (_, decode_s, n, cpu, first) = one_run(engine, prompt_for(2 + 2 * r as u32), opts.gen_tokens + 1).await?;
         match cpu {
             Some((secs, threads)) => {
                 pool_cpu += secs;
@@ -253,52 +261,54 @@ pub async fn run(engine: &EngineHandle, opts: &BenchOptions, progress: &mut (dyn
             None => pool_known = false,
         }
         let tok_s = n.saturating_sub(1).max(1) as f64 / decode_s.max(1e-9);
-        // The engine counts the bytes its decode steps read, and the steps, since the reset at
-        // the first token: both over the same steps.
+        // The engine counts the bytes its decode steps read, and the steps: both over the
+        // same steps.
         let stats = engine.stats().await?;
         let per_token = stats.decode_weight_bytes as f64 / stats.decode_tokens.max(1) as f64;
         decode.push(tok_s);
         bytes.push(per_token);
         gb_s.push(per_token * tok_s / 1e9);
-        last_stats = Some(stats);
+        (dec_s, actor_s, expert_s) = (dec_s + stats.decode_s, actor_s + stats.actor_overhead_s, expert_s + stats.decode_expert_s);
+        if let Some(first) = first {
+            layers.add(&stats.total.since(&first.total));
+            layer_steps += stats.decode_tokens.saturating_sub(first.decode_tokens);
+        }
     }
-    let stats = match last_stats {
-        Some(s) => s,
-        None => engine.stats().await?,
-    };
-    let steps = stats.decode_tokens.max(1) as f64;
+    let steps = layer_steps.max(1) as f64;
+    let of_decode = |s: f64| if dec_s > 0.0 { s / dec_s } else { 0.0 };
     Ok(BenchReport {
         prefill_tok_s: Spread::of(&prefill),
         decode_tok_s: Spread::of(&decode),
         bytes_per_token: Spread::of(&bytes).median,
         model_bytes_per_token: info.stats.bytes_per_token,
         decode_gb_s: Spread::of(&gb_s),
-        hit_rate: stats.total.hit_rate(),
-        bytes_moved_per_token: stats.total.bytes_moved as f64 / steps,
-        fetched_per_token: stats.total.fetched as f64 / steps,
-        cpu_per_token: stats.total.cpu_computed as f64 / steps,
-        actor_overhead: stats.actor_overhead_fraction(),
-        expert_phase: stats.expert_phase_fraction(),
+        hit_rate: layers.hit_rate(),
+        bytes_moved_per_token: layers.bytes_moved as f64 / steps,
+        fetched_per_token: layers.fetched as f64 / steps,
+        cpu_per_token: layers.cpu_computed as f64 / steps,
+        actor_overhead: of_decode(actor_s),
+        expert_phase: of_decode(expert_s),
         pool_busy: (pool_known && pool_wall > 0.0).then(|| pool_cpu / pool_wall),
     })
 }
 
 /// One request: (time to first token, seconds after it, tokens, the worker pool's CPU seconds
-/// and threads after it). The engine's stats are reset at the first token, so they describe
-/// the decode alone.
-async fn one_run(engine: &EngineHandle, prompt: Vec<u32>, tokens: usize) -> Result<(f64, f64, usize, Option<(f64, usize)>), EngineError> {
+/// and threads after it, the engine's stats at the first token). The layer counters after that
+/// snapshot describe the decode alone (the prompt's step is done by then).
+#[allow(clippy::type_complexity)]
+async fn one_run(engine: &EngineHandle, prompt: Vec<u32>, tokens: usize) -> Result<(f64, f64, usize, Option<(f64, usize)>, Option<EngineStats>), EngineError> {
     let mut req = EngineRequest::greedy(prompt, tokens);
     req.ignore_eos = true;
     let start = Instant::now();
     let mut stream = engine.generate(req).await?;
-    let (mut first, mut n, mut cpu0) = (None, 0usize, None);
+    let (mut first, mut n, mut cpu0, mut snapshot) = (None, 0usize, None, None);
     while let Some(ev) = stream.next().await {
         match ev {
             GenEvent::Token { .. } => {
                 n += 1;
                 if first.is_none() {
                     first = Some(start.elapsed().as_secs_f64());
-                    engine.reset_stats().await?;
+                    snapshot = Some(engine.stats().await?);
                     cpu0 = pool_cpu_seconds();
                 }
             }
@@ -312,7 +322,7 @@ async fn one_run(engine: &EngineHandle, prompt: Vec<u32>, tokens: usize) -> Resu
         (Some((a, _)), Some((b, threads))) => Some((b - a, threads)),
         _ => None,
     };
-    Ok((first, elapsed, n, cpu))
+    Ok((first, elapsed, n, cpu, snapshot))
 }
 
 fn prompt_len_or_1(o: &BenchOptions) -> f64 {

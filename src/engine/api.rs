@@ -297,6 +297,20 @@ impl LayerStats {
         self.fetch_wait_s += o.fetch_wait_s;
         self.cpu_s += o.cpu_s;
     }
+    /// What was added to `earlier` to make `self` (the counters of the steps in between).
+    pub fn since(&self, earlier: &LayerStats) -> LayerStats {
+        LayerStats {
+            hits: self.hits.saturating_sub(earlier.hits),
+            misses: self.misses.saturating_sub(earlier.misses),
+            fetched: self.fetched.saturating_sub(earlier.fetched),
+            cpu_computed: self.cpu_computed.saturating_sub(earlier.cpu_computed),
+            streamed: self.streamed.saturating_sub(earlier.streamed),
+            bytes_moved: self.bytes_moved.saturating_sub(earlier.bytes_moved),
+            device_s: self.device_s - earlier.device_s,
+            fetch_wait_s: self.fetch_wait_s - earlier.fetch_wait_s,
+            cpu_s: self.cpu_s - earlier.cpu_s,
+        }
+    }
     /// hits / (hits + misses).
     pub fn hit_rate(&self) -> f64 {
         let n = self.hits + self.misses;
