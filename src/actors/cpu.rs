@@ -79,11 +79,7 @@ pub struct CpuExecutors;
 fn mat(pool: Option<&ThreadPool>, level: SimdLevel, dot: QuantDot, x: &[f32], n: usize, m: &HostMatrix) -> Result<Vec<f32>, BackendError> {
     let mut out = vec![0f32; n * m.rows];
     crate::model::reads::add(m.bytes.len());
-    let (k, w) = (m.cols, m.bytes.as_slice());
-    match pool {
-        Some(pool) => kernels::matmul(pool, level, dot, x, n, k, w, m.dtype, m.rows, &mut out)?,
-        None => kernels::matmul_alone(level, dot, x, n, k, w, m.dtype, m.rows, &mut out)?,
-    }
+    kernels::matmul(pool, level, dot, x, n, m.cols, m.bytes.as_slice(), m.dtype, m.rows, &mut out)?;
     Ok(out)
 }
 

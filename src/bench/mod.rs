@@ -244,7 +244,7 @@ pub async fn run(engine: &EngineHandle, opts: &BenchOptions, progress: &mut (dyn
     for r in 0..runs {
         let prompt = prompt_for(1 + 2 * r as u32);
         progress(&format!("run {}/{runs}: cold prefill of {} tokens", r + 1, prompt.len()));
-        let (prefill_s, _, _, _, _) = one_run(engine, prompt, 1).await?;
+        let prefill_s = one_run(engine, prompt, 1).await?.first_s;
         prefill.push(prompt_len_or_1(opts) / prefill_s.max(1e-9));
         progress(&format!("run {}/{runs}: decode of {} tokens", r + 1, opts.gen_tokens));
         // Reset before the request, not at its first token: the reset then reaches the device
@@ -252,7 +252,7 @@ pub async fn run(engine: &EngineHandle, opts: &BenchOptions, progress: &mut (dyn
         // prompt's step is not a decode step). Reset at the first token, it could land after
         // the last step of a fast model and leave nothing counted.
         engine.reset_stats().await?;
-        let (_, decode_s, n, cpu, first) = one_run(engine, prompt_for(2 + 2 * r as u32), opts.gen_tokens + 1).await?;
+        let Run { after_s: decode_s, tokens: n, pool_cpu: cpu, at_first, .. } = one_run(engine, prompt_for(2 + 2 * r as u32), opts.gen_tokens + 1).await?;
         match cpu {
             Some((secs, threads)) => {
                 pool_cpu += secs;
@@ -269,7 +269,7 @@ pub async fn run(engine: &EngineHandle, opts: &BenchOptions, progress: &mut (dyn
         bytes.push(per_token);
         gb_s.push(per_token * tok_s / 1e9);
         (dec_s, actor_s, expert_s) = (dec_s + stats.decode_s, actor_s + stats.actor_overhead_s, expert_s + stats.decode_expert_s);
-        if let Some(first) = first {
+        if let Some(first) = at_first {
             layers.add(&stats.total.since(&first.total));
             layer_steps += stats.decode_tokens.saturating_sub(first.decode_tokens);
         }
@@ -292,11 +292,23 @@ pub async fn run(engine: &EngineHandle, opts: &BenchOptions, progress: &mut (dyn
     })
 }
 
-/// One request: (time to first token, seconds after it, tokens, the worker pool's CPU seconds
-/// and threads after it, the engine's stats at the first token). The layer counters after that
-/// snapshot describe the decode alone (the prompt's step is done by then).
-#[allow(clippy::type_complexity)]
-async fn one_run(engine: &EngineHandle, prompt: Vec<u32>, tokens: usize) -> Result<(f64, f64, usize, Option<(f64, usize)>, Option<EngineStats>), EngineError> {
+/// What [`one_run`] measured of one request.
+struct Run {
+    /// Seconds to the first token.
+    first_s: f64,
+    /// Seconds after it.
+    after_s: f64,
+    /// Tokens received.
+    tokens: usize,
+    /// The worker pool's CPU seconds after the first token, and its threads.
+    pool_cpu: Option<(f64, usize)>,
+    /// The engine's stats at the first token: the layer counters after it describe the
+    /// decode alone (the prompt's step is done by then).
+    at_first: Option<EngineStats>,
+}
+
+/// Runs one greedy request of `tokens` tokens.
+async fn one_run(engine: &EngineHandle, prompt: Vec<u32>, tokens: usize) -> Result<Run, EngineError> {
     let mut req = EngineRequest::greedy(prompt, tokens);
     req.ignore_eos = true;
     let start = Instant::now();
@@ -322,7 +334,7 @@ async fn one_run(engine: &EngineHandle, prompt: Vec<u32>, tokens: usize) -> Resu
         (Some((a, _)), Some((b, threads))) => Some((b - a, threads)),
         _ => None,
     };
-    Ok((first, elapsed, n, cpu, snapshot))
+    Ok(Run { first_s: first, after_s: elapsed, tokens: n, pool_cpu: cpu, at_first: snapshot })
 }
 
 fn prompt_len_or_1(o: &BenchOptions) -> f64 {

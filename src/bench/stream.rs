@@ -105,10 +105,8 @@ pub fn cpu_stream_rate(pool: &ThreadPool, dot: QuantDot, dtype: DType, shape: Ex
     let (xh, xi) = (vec![0.01f32; h], vec![0.01f32; i]);
     // As the CPU executors run a layer's experts: side by side, or each product split.
     let alone = crate::policy::executors::side_by_side(&vec![1; shape.parallel.max(1)], pool.current_num_threads());
-    let mm = |x: &[f32], k: usize, w: &[u8], m: usize, out: &mut [f32]| match alone {
-        true => kernels::matmul_alone(level, dot, x, 1, k, w, dtype, m, out),
-        false => kernels::matmul(pool, level, dot, x, 1, k, w, dtype, m, out),
-    };
+    let split = (!alone).then_some(pool);
+    let mm = |x: &[f32], k: usize, w: &[u8], m: usize, out: &mut [f32]| kernels::matmul(split, level, dot, x, 1, k, w, dtype, m, out);
     let run_expert = |e: &[&[u8]; 3]| -> Result<(), BackendError> {
         let mut g = vec![0f32; i];
         mm(&xh, h, e[0], i, &mut g)?;

@@ -276,7 +276,7 @@ fn quant_kernel_rate_single_thread() {
             line += &format!("  {dot}");
             for n in [1, 2, 4, 5, 16, 32, 64] {
                 let per = time(5, 51, || {
-                    kernels::matmul(&pool, SimdLevel::Auto, dot, &x, n, k, &w, dtype, m, &mut out)
+                    kernels::matmul(Some(&pool), SimdLevel::Auto, dot, &x, n, k, &w, dtype, m, &mut out)
                         .expect("matmul");
                 });
                 line += &format!(

@@ -304,7 +304,7 @@ impl Backend for CpuBackend {
             .map(|b| f32s(b, desc.bias_offset, m, "matmul bias"))
             .transpose()?;
         let o = f32s_mut(out, desc.out_offset, need(n, m, "out")?, "matmul out")?;
-        kernels::matmul(&self.pool, self.simd, self.quant_dot, &xs, n, k, wb, w.dtype(), m, o)?;
+        kernels::matmul(Some(&self.pool), self.simd, self.quant_dot, &xs, n, k, wb, w.dtype(), m, o)?;
         if let (Some(b), true) = (bias, m > 0) {
             o.chunks_exact_mut(m)
                 .for_each(|row| row.iter_mut().zip(b.iter()).for_each(|(o, b)| *o += b));

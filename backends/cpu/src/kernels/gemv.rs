@@ -27,10 +27,10 @@ const KC: usize = 1024;
 /// former quarter-matrix pieces left one of two threads idle for milliseconds per token.
 const TASK_BYTES: usize = 512 << 10;
 /// Fewest weight bytes in one task of a decode-sized product (at most [`DECODE_TOKENS`]
-/// tokens): these stream, and how evenly the threads finish decides their rate. A 4.7 MB Q4_K attention projection in 9
-/// tasks of ≤ 512 KiB on 2 threads left one thread a whole task alone at the end and ran at
-/// 13.5–14.6 GB/s; in 32 KiB tasks, 18.4–20.4 (a chain of cold products, huge pages,
-/// alternating in one process). Each thread still reads a contiguous run of tasks (rayon
+/// tokens): these stream, and how evenly the threads finish decides their rate. A 4.7 MB
+/// Q4_K attention projection in 9 tasks of ≤ 512 KiB on 2 threads left one thread a whole
+/// task alone at the end and ran at 13.5–14.6 GB/s; in 32 KiB tasks, 18.4–20.4 (a chain of
+/// cold products, huge pages, alternating in one process). Each thread still reads a contiguous run of tasks (rayon
 /// splits the range in halves): claiming 16–128 KiB chunks in turn from a shared counter
 /// instead cost a third of the rate of a long matrix.
 const DECODE_TASK_BYTES: usize = 32 << 10;
@@ -93,35 +93,13 @@ pub fn gemv_rows(
     matmul_rows(level, x, 1, k, w, dtype, rows, out)
 }
 
-/// `out[n, m] = x[n, k] · w[m, k]ᵀ` split over the rows of `w` on `pool` (inline when small).
+/// `out[n, m] = x[n, k] · w[m, k]ᵀ` split over the rows of `w` on `pool` (inline when small),
+/// or on the calling thread alone with no pool (products that run side by side, one per pool
+/// thread, such as a layer's decode experts: the same kernels, so the same bits).
 /// `dot` chooses how decode-sized products meet block-quantized weights; the rows of
 /// [`matmul_rows`] are always [`QuantDot::Exact`].
 #[allow(clippy::too_many_arguments)]
 pub fn matmul(
-    pool: &ThreadPool,
-    level: SimdLevel,
-    dot: QuantDot,
-    x: &[f32],
-    n: usize,
-    k: usize,
-    w: &[u8],
-    dtype: DType,
-    m: usize,
-    out: &mut [f32],
-) -> Result<()> {
-    matmul_on(Some(pool), level, dot, x, n, k, w, dtype, m, out)
-}
-
-/// [`matmul`] on the calling thread alone, with the same kernels (and so the same bits): for
-/// products that run side by side, one per pool thread, such as a layer's decode experts.
-#[allow(clippy::too_many_arguments)]
-pub fn matmul_alone(level: SimdLevel, dot: QuantDot, x: &[f32], n: usize, k: usize, w: &[u8], dtype: DType, m: usize, out: &mut [f32]) -> Result<()> {
-    matmul_on(None, level, dot, x, n, k, w, dtype, m, out)
-}
-
-/// [`matmul`] split over `pool`, or on the calling thread with none.
-#[allow(clippy::too_many_arguments)]
-fn matmul_on(
     pool: Option<&ThreadPool>,
     level: SimdLevel,
     dot: QuantDot,

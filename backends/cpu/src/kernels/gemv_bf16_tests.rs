@@ -32,7 +32,7 @@ fn has_dpbf16() -> bool {
 fn both_modes(pool: &ThreadPool, x: &[f32], n: usize, k: usize, w: &[u8], dtype: DType, m: usize) -> (Vec<f32>, Vec<f32>) {
     let run = |dot| {
         let mut out = vec![f32::NAN; n * m];
-        matmul(pool, SimdLevel::Auto, dot, x, n, k, w, dtype, m, &mut out).expect("matmul");
+        matmul(Some(pool), SimdLevel::Auto, dot, x, n, k, w, dtype, m, &mut out).expect("matmul");
         out
     };
     (run(QuantDot::Int8), run(QuantDot::Exact))
@@ -162,7 +162,7 @@ fn a_token_gets_the_same_bits_whatever_shares_the_product() {
         let mut alone = vec![0f32; 20 * m];
         for t in 0..20 {
             matmul(
-                &pool,
+                Some(&pool),
                 SimdLevel::Auto,
                 QuantDot::Int8,
                 &x[t * k..][..k],
@@ -178,7 +178,7 @@ fn a_token_gets_the_same_bits_whatever_shares_the_product() {
         for n in [2, 5, 12, 15] {
             let mut together = vec![0f32; n * m];
             matmul(
-                &pool,
+                Some(&pool),
                 SimdLevel::Auto,
                 QuantDot::Int8,
                 &x[..n * k],
@@ -206,7 +206,7 @@ fn short_inputs_are_shape_errors() {
     let w = ft_backend::dtype::from_f32_slice(&values(m * k, 2), DType::BF16);
     let mut out = vec![0f32; n * m];
     let run = |x: &[f32], w: &[u8], out: &mut [f32]| {
-        matmul(&pool, SimdLevel::Auto, QuantDot::Int8, x, n, k, w, DType::BF16, m, out)
+        matmul(Some(&pool), SimdLevel::Auto, QuantDot::Int8, x, n, k, w, DType::BF16, m, out)
     };
     assert!(run(&x[..n * k - 1], &w, &mut out).is_err());
     assert!(run(&x, &w[..w.len() - 2], &mut out).is_err());
@@ -333,7 +333,7 @@ fn tile_products_agree_across_token_counts() {
         let x = values(50 * k, 8);
         let run = |n: usize, t0: usize| {
             let mut out = vec![f32::NAN; n * m];
-            matmul(&pool, SimdLevel::Auto, QuantDot::Int8, &x[t0 * k..][..n * k], n, k, &w, DType::BF16, m, &mut out).expect("matmul");
+            matmul(Some(&pool), SimdLevel::Auto, QuantDot::Int8, &x[t0 * k..][..n * k], n, k, &w, DType::BF16, m, &mut out).expect("matmul");
             out
         };
         let all = run(50, 0);
@@ -393,8 +393,8 @@ fn a_product_alone_equals_it_split_over_the_pool() {
             for n in [1, 3, 20] {
                 let x = values(n * k, n as u64 + 60);
                 let (mut split, mut alone) = (vec![0f32; n * m], vec![0f32; n * m]);
-                matmul(&pool, SimdLevel::Auto, dot, &x, n, k, &w, dtype, m, &mut split).expect("split");
-                matmul_alone(SimdLevel::Auto, dot, &x, n, k, &w, dtype, m, &mut alone).expect("alone");
+                matmul(Some(&pool), SimdLevel::Auto, dot, &x, n, k, &w, dtype, m, &mut split).expect("split");
+                matmul(None, SimdLevel::Auto, dot, &x, n, k, &w, dtype, m, &mut alone).expect("alone");
                 assert!(m.div_ceil(task_rows(2, n, m, dtype.row_bytes(k))) > 2, "{dtype} n={n}: the split should make several tasks");
                 let same = split.iter().zip(&alone).all(|(a, b)| a.to_bits() == b.to_bits());
                 assert!(same, "{dtype} {dot:?} n={n}: alone and split differ");

@@ -23,7 +23,7 @@ pub use attention::attention;
 pub use elementwise::{
     axpy_row, binary, decode_row, exp_sub_sum, rms_norm_rows, scale, softmax_rows,
 };
-pub use gemv::{gemv_rows, matmul, matmul_alone, matmul_rows};
+pub use gemv::{gemv_rows, matmul, matmul_rows};
 pub use quant::QuantDot;
 pub use recurrent::{causal_conv1d, gated_delta_rule};
 pub use rope::rope;

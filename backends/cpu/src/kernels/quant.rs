@@ -410,10 +410,10 @@ mod fused_tests {
         for n in [1usize, 4, 5, 9, 13] {
             let x = rng.vec(n * k, 1.0);
             let mut all = vec![0f32; n * m];
-            super::super::matmul(&pool, SimdLevel::Avx512, QuantDot::Int8, &x, n, k, &raw, dtype, m, &mut all).expect("matmul");
+            super::super::matmul(Some(&pool), SimdLevel::Avx512, QuantDot::Int8, &x, n, k, &raw, dtype, m, &mut all).expect("matmul");
             for t in 0..n {
                 let mut one = vec![0f32; m];
-                super::super::matmul(&pool, SimdLevel::Avx512, QuantDot::Int8, &x[t * k..][..k], 1, k, &raw, dtype, m, &mut one).expect("matmul");
+                super::super::matmul(Some(&pool), SimdLevel::Avx512, QuantDot::Int8, &x[t * k..][..k], 1, k, &raw, dtype, m, &mut one).expect("matmul");
                 assert!(one.iter().zip(&all[t * m..][..m]).all(|(a, b)| a.to_bits() == b.to_bits()), "n={n} token {t}: differs from alone");
             }
         }

@@ -182,7 +182,7 @@ fn pool_split_matches_single_thread() {
                 let mut single = vec![0f32; n * m];
                 block(SimdLevel::Auto, dot, &x, k, n, k, &raw, dtype, m, &mut single, m).expect("block");
                 let mut split = vec![0f32; n * m];
-                super::super::matmul(&pool, SimdLevel::Auto, dot, &x, n, k, &raw, dtype, m, &mut split)
+                super::super::matmul(Some(&pool), SimdLevel::Auto, dot, &x, n, k, &raw, dtype, m, &mut split)
                     .expect("matmul");
                 assert!(
                     single.iter().zip(&split).all(|(a, b)| a.to_bits() == b.to_bits()),
@@ -218,12 +218,12 @@ fn grouped_prefill_equals_each_token_alone() {
         for n in [5usize, 9, 14] {
             let x = rng.vec(n * k, 1.0);
             let mut together = vec![0f32; n * m];
-            super::super::matmul(&pool, SimdLevel::Auto, QuantDot::Int8, &x, n, k, &raw, dtype, m, &mut together).expect("matmul");
+            super::super::matmul(Some(&pool), SimdLevel::Auto, QuantDot::Int8, &x, n, k, &raw, dtype, m, &mut together).expect("matmul");
             let mut exact = vec![0f32; n * m];
-            super::super::matmul(&pool, SimdLevel::Auto, QuantDot::Exact, &x, n, k, &raw, dtype, m, &mut exact).expect("matmul");
+            super::super::matmul(Some(&pool), SimdLevel::Auto, QuantDot::Exact, &x, n, k, &raw, dtype, m, &mut exact).expect("matmul");
             for t in 0..n {
                 let mut alone = vec![0f32; m];
-                super::super::matmul(&pool, SimdLevel::Auto, QuantDot::Int8, &x[t * k..][..k], 1, k, &raw, dtype, m, &mut alone)
+                super::super::matmul(Some(&pool), SimdLevel::Auto, QuantDot::Int8, &x[t * k..][..k], 1, k, &raw, dtype, m, &mut alone)
                     .expect("matmul");
                 let row = &together[t * m..][..m];
                 assert!(row.iter().zip(&alone).all(|(a, b)| a.to_bits() == b.to_bits()), "{dtype} n={n} t={t}: differs from alone");
