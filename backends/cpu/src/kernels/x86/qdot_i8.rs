@@ -22,9 +22,12 @@
 use super::qdot::{f16_splat, f16x2, hsum, k4_scales, prefetch_offset, E2M1_X2};
 
 mod fp4;
+mod isa;
 pub(crate) mod mxfp4_zmm;
 pub(crate) mod q6_k_zmm;
 use fp4::{mxfp4_blk, mxfp4_pair, nvfp4_blk};
+pub(crate) use isa::Isa;
+use isa::{Avx512Gfni, Avx512Vnni, AvxVnni, Dot, Madd};
 pub(crate) use fp4::nvfp4_order;
 #[cfg(test)]
 pub(crate) use fp4::e8m0_bits;
@@ -114,90 +117,6 @@ pub(crate) unsafe fn quantize(x: &[f32], q: &mut [i8], d: &mut [f32]) {
     }
 }
 
-/// The instruction that sums 32 byte products into eight i32 lanes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Isa {
-    /// `vpmaddubsw` then `vpmaddwd` by ones (AVX2).
-    Madd,
-    /// `vpdpbusd` in its VEX form (AVX-VNNI: Intel client cores from Alder Lake, Zen 5).
-    AvxVnni,
-    /// `vpdpbusd` in its EVEX form on 256-bit registers (AVX512-VNNI with VL: Cascade Lake
-    /// and later Xeons, Zen 4).
-    Avx512Vnni,
-    /// As [`Isa::Avx512Vnni`] (with BW and VBMI: Ice Lake and later, Zen 4), and kernels of
-    /// its own where a type has one ([`Isa::own_sums`]), whose f32 sums add in another order.
-    Avx512Vbmi,
-}
-
-impl Isa {
-    /// Every variant, plainest first.
-    #[cfg(test)]
-    pub(crate) const ALL: [Isa; 4] = [Isa::Madd, Isa::AvxVnni, Isa::Avx512Vnni, Isa::Avx512Vbmi];
-
-    /// Whether this CPU runs `self` (AVX2/FMA/F16C assumed, as for every kernel here).
-    pub(crate) fn available(self) -> bool {
-        match self {
-            Isa::Madd => true,
-            Isa::AvxVnni => std::arch::is_x86_feature_detected!("avxvnni"),
-            Isa::Avx512Vnni => {
-                std::arch::is_x86_feature_detected!("avx512vnni")
-                    && std::arch::is_x86_feature_detected!("avx512vl")
-            }
-            Isa::Avx512Vbmi => mxfp4_zmm::available(),
-        }
-    }
-
-    /// Whether `dtype`'s products run a kernel of this variant's own, with its own activation
-    /// order and per-token extras: MXFP4 and Q6_K on 512-bit registers ([`mxfp4_zmm`],
-    /// [`q6_k_zmm`]), Q8_0 with unsigned codes ([`q8_0u_quad`]).
-    pub(crate) fn own_sums(self, dtype: DType) -> bool {
-        self == Isa::Avx512Vbmi && matches!(dtype, DType::Mxfp4 | DType::Q8_0 | DType::Q6K)
-    }
-
-    /// Extras per token of `kp` values that `dtype`'s kernel of this variant's own reads
-    /// ([`Isa::own_sums`]).
-    pub(crate) fn extras_len(self, dtype: DType, kp: usize) -> usize {
-        debug_assert!(self.own_sums(dtype));
-        match dtype {
-            DType::Mxfp4 => kp / mxfp4_zmm::GROUP * mxfp4_zmm::EXTRAS,
-            DType::Q6K => kp / dtype.block_elems() * q6_k_zmm::EXTRAS,
-            _ => kp / QK,
-        }
-    }
-
-    /// One token's extras for `dtype`'s kernel of this variant's own into `out`
-    /// ([`Isa::extras_len`] values), from its codes `q` (natural order), scales `d` and exact
-    /// sub-block sums `sums` ([`super::qdot::aux_per_block`] a block); `q` is left in that
-    /// kernel's order.
-    pub(crate) fn own_extras(self, dtype: DType, q: &mut [i8], d: &[f32], sums: &[f32], out: &mut [f32]) {
-        debug_assert!(self.own_sums(dtype));
-        match dtype {
-            DType::Mxfp4 => {
-                mxfp4_zmm::extras(q, d, out);
-                mxfp4_zmm::order(q);
-            }
-            DType::Q6K => q6_k_zmm::extras(d, sums, out),
-            _ => q8_0u_extras(q, out),
-        }
-    }
-
-    /// The best variant for kernels running at `level`: the EVEX form only where AVX-512 is
-    /// in use, so that forcing `Avx2` keeps to VEX-encoded instructions.
-    pub(crate) fn best(level: super::super::SimdLevel) -> Isa {
-        use super::super::SimdLevel;
-        let avx512 = level.effective() == SimdLevel::Avx512;
-        if avx512 && Isa::Avx512Vbmi.available() {
-            Isa::Avx512Vbmi
-        } else if avx512 && Isa::Avx512Vnni.available() {
-            Isa::Avx512Vnni
-        } else if Isa::AvxVnni.available() {
-            Isa::AvxVnni
-        } else {
-            Isa::Madd
-        }
-    }
-}
-
 /// Runs `job` for `n` (1..=4) tokens and `nrows` rows of `dtype` (one [`supported`]) with the
 /// sums of `isa`.
 ///
@@ -211,71 +130,12 @@ pub(crate) unsafe fn run(isa: Isa, dtype: DType, job: &Job, n: usize, nrows: usi
         Isa::Madd => madd::run(dtype, job, n, nrows),
         Isa::AvxVnni => avxvnni::run(dtype, job, n, nrows),
         Isa::Avx512Vnni => avx512vnni::run(dtype, job, n, nrows),
-        Isa::Avx512Vbmi if dtype == DType::Mxfp4 => mxfp4_zmm::run(job, n, nrows),
-        Isa::Avx512Vbmi if dtype == DType::Q8_0 => q8_0u::run(job, n, nrows),
+        Isa::Avx512Vbmi | Isa::Avx512Gfni if dtype == DType::Mxfp4 => mxfp4_zmm::run(job, n, nrows),
+        Isa::Avx512Vbmi | Isa::Avx512Gfni if dtype == DType::Q8_0 => q8_0u::run(job, n, nrows),
         Isa::Avx512Vbmi if dtype == DType::Q6K => q6_k_zmm::run(job, n, nrows),
+        Isa::Avx512Gfni if dtype == DType::Q6K => q6_k_zmm::run_gfni(job, n, nrows),
         Isa::Avx512Vbmi => avx512vnni::run(dtype, job, n, nrows),
-    }
-}
-
-/// Eight i32 sums of four products of 32 unsigned (`u`) and 32 signed (`i`) bytes, in the
-/// instructions of one [`Isa`]. Results are identical across variants: `vpmaddubsw`'s i16
-/// pair sums cannot saturate for the codes here (see the module docs).
-trait Dot {
-    /// `Σ u·i` per group of four bytes.
-    unsafe fn dot_u(u: __m256i, i: __m256i) -> __m256i;
-    /// `acc + Σ u·i` per group of four bytes.
-    unsafe fn dot_u_acc(acc: __m256i, u: __m256i, i: __m256i) -> __m256i;
-    /// `(a & m) | c`: one `vpternlogd` where AVX-512 VL is in use (written out: left to LLVM,
-    /// Q6_K at 4 tokens ran 5 % slower).
-    #[inline(always)]
-    unsafe fn and_or(a: __m256i, m: __m256i, c: __m256i) -> __m256i {
-        _mm256_or_si256(_mm256_and_si256(a, m), c)
-    }
-}
-
-/// [`Isa::Madd`].
-struct Madd;
-/// [`Isa::AvxVnni`].
-struct AvxVnni;
-/// [`Isa::Avx512Vnni`].
-struct Avx512Vnni;
-
-impl Dot for Madd {
-    #[inline(always)]
-    unsafe fn dot_u(u: __m256i, i: __m256i) -> __m256i {
-        _mm256_madd_epi16(_mm256_maddubs_epi16(u, i), _mm256_set1_epi16(1))
-    }
-    #[inline(always)]
-    unsafe fn dot_u_acc(acc: __m256i, u: __m256i, i: __m256i) -> __m256i {
-        _mm256_add_epi32(acc, Self::dot_u(u, i))
-    }
-}
-
-impl Dot for AvxVnni {
-    #[inline(always)]
-    unsafe fn dot_u(u: __m256i, i: __m256i) -> __m256i {
-        _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), u, i)
-    }
-    #[inline(always)]
-    unsafe fn dot_u_acc(acc: __m256i, u: __m256i, i: __m256i) -> __m256i {
-        _mm256_dpbusd_avx_epi32(acc, u, i)
-    }
-}
-
-impl Dot for Avx512Vnni {
-    #[inline(always)]
-    unsafe fn dot_u(u: __m256i, i: __m256i) -> __m256i {
-        _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, i)
-    }
-    #[inline(always)]
-    unsafe fn dot_u_acc(acc: __m256i, u: __m256i, i: __m256i) -> __m256i {
-        _mm256_dpbusd_epi32(acc, u, i)
-    }
-    #[inline(always)]
-    unsafe fn and_or(a: __m256i, m: __m256i, c: __m256i) -> __m256i {
-        // 0xEA: (A & B) | C.
-        _mm256_ternarylogic_epi32::<0xEA>(a, m, c)
+        Isa::Avx512Gfni => avx512gfni::run(dtype, job, n, nrows),
     }
 }
 
@@ -304,17 +164,6 @@ unsafe fn lda(q: *const i8, i: usize) -> __m256i {
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn cvt(v: __m256i) -> __m256 {
     _mm256_cvtepi32_ps(v)
-}
-
-/// 16 bytes of packed nibbles at `p` as 32 bytes: low nibbles, then high nibbles. The bytes
-/// are broadcast to both halves by the load itself and one variable shift moves the upper
-/// half's high nibbles down: two ALU operations instead of four and a lane insert.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn nibbles_lo_hi(p: *const u8) -> __m256i {
-    let v = _mm256_broadcastsi128_si256(_mm_loadu_si128(p as *const __m128i));
-    let v = _mm256_srlv_epi64(v, _mm256_setr_epi64x(0, 0, 4, 4));
-    _mm256_and_si256(v, _mm256_set1_epi8(0x0f))
 }
 
 /// Each 16-bit lane shifted left by `n` (right by `−n`); `n` is a constant once unrolled.
@@ -466,6 +315,7 @@ mod q8_0u {
 isa_kernels!(madd, Madd, "avx2,fma,f16c");
 isa_kernels!(avxvnni, AvxVnni, "avx2,fma,f16c,avxvnni");
 isa_kernels!(avx512vnni, Avx512Vnni, "avx2,fma,f16c,avx512f,avx512vl,avx512vnni");
+isa_kernels!(avx512gfni, Avx512Gfni, "avx2,fma,f16c,avx512f,avx512vl,avx512vnni,gfni");
 
 /// Q8_0: `d_w · d_g · Σ q·a`.
 #[inline(always)]
@@ -598,7 +448,7 @@ unsafe fn q4_0_blk<D: Dot, const R: usize, const N: usize>(
         let p = w[r];
         let dw = f16_splat(p);
         // Byte j holds value j (low nibble) and value j + 16 (high nibble).
-        let qv = nibbles_lo_hi(p.add(2));
+        let qv = D::nibbles(p.add(2));
         for t in 0..N {
             let s = cvt(D::dot_u(qv, lda(q[t], 0)));
             let sc = _mm256_mul_ps(dw, _mm256_broadcast_ss(&*d[t]));
@@ -681,8 +531,8 @@ unsafe fn q4_k_blk<D: Dot, const R: usize, const N: usize>(
         let p = w[r];
         let s = k4_prologue(p, d, a, &mut acc[r]);
         for c in 0..4 {
-            let x0 = nibbles_lo_hi(p.add(16 + 32 * c));
-            let x1 = nibbles_lo_hi(p.add(16 + 32 * c + 16));
+            let x0 = D::nibbles(p.add(16 + 32 * c));
+            let x1 = D::nibbles(p.add(16 + 32 * c + 16));
             let j = 2 * c as i32;
             let pick = _mm256_setr_epi32(j, j, j, j, j + 1, j + 1, j + 1, j + 1);
             for t in 0..N {

@@ -24,7 +24,7 @@ pub(super) unsafe fn mxfp4_blk<D: Dot, const R: usize, const N: usize>(
     for r in 0..R {
         let p = w[r];
         let e = e8m0_to_f32(*p);
-        let wv = _mm256_shuffle_epi8(table, nibbles_lo_hi(p.add(1)));
+        let wv = _mm256_shuffle_epi8(table, D::nibbles(p.add(1)));
         for t in 0..N {
             let s = cvt(dot_s::<D>(wv, lda(q[t], 0)));
             acc[r][t][0] = _mm256_fmadd_ps(s, _mm256_set1_ps(e * *d[t]), acc[r][t][0]);

@@ -64,12 +64,24 @@ struct Consts {
     shift: __m512i,
     m4: __m512i,
     m30: __m512i,
+    /// `vgf2p8affineqb` matrices moving two bits of each high-bits byte to bits 4–5 (output bit
+    /// `i` is the parity of the byte AND matrix byte `7 − i`): bits 0–1 in the lower half and
+    /// 2–3 in the upper (`bits_lo`), bits 4–5 and 6–7 (`bits_hi`): five instructions a half
+    /// block instead of seven. One warm thread at 1/2/4 tokens: 26.8/18.9/11.7 →
+    /// 27.7/19.5/11.9 GB/s of weights.
+    bits_lo: __m512i,
+    bits_hi: __m512i,
+}
+
+/// The [`Consts::bits_lo`]/[`Consts::bits_hi`] matrix taking bits `s` and `s + 1` to 4 and 5.
+const fn to_bits_4_5(s: u32) -> i64 {
+    ((1i64 << s) << 24) | ((1i64 << (s + 1)) << 16)
 }
 
 /// Block `b` of the row at `p0` against `N` tokens: two accumulators a token (the two
 /// quarters' pairs of a half block), the offset term taken off the second.
 #[inline(always)]
-unsafe fn block<const N: usize>(j: &Job, p0: *const u8, b: usize, c: &Consts, acc: &mut [[__m512; 2]; N]) {
+unsafe fn block<const G: bool, const N: usize>(j: &Job, p0: *const u8, b: usize, c: &Consts, acc: &mut [[__m512; 2]; N]) {
     let p = p0.add(b * BB);
     let ahead = prefetch_offset::<1>(j.rb, b * BB);
     for o in [0, 64, 128, 192] {
@@ -82,11 +94,22 @@ unsafe fn block<const N: usize>(j: &Job, p0: *const u8, b: usize, c: &Consts, ac
     for h in 0..2 {
         let ql = _mm512_loadu_si512(p.add(64 * h) as *const _);
         let qh = _mm512_broadcast_i64x4(_mm256_loadu_si256(p.add(128 + 32 * h) as *const __m256i));
-        let qh = _mm512_srlv_epi64(qh, c.shift);
-        // Quarters 0 and 1: low nibbles, high bits 0–1 (2–3 in the upper half) at bits 4–5.
-        let lo = _mm512_ternarylogic_epi32::<0xF8>(_mm512_and_si512(ql, c.m4), _mm512_slli_epi64::<4>(qh), c.m30);
-        // Quarters 2 and 3: high nibbles, high bits 4–5 (6–7) where they are.
-        let hi = _mm512_ternarylogic_epi32::<0xEC>(_mm512_srli_epi16::<4>(ql), _mm512_and_si512(qh, c.m30), c.m4);
+        // Quarters 0 and 1: low nibbles, high bits 0–1 (2–3 in the upper half) at bits 4–5;
+        // quarters 2 and 3: high nibbles, high bits 4–5 (6–7) at bits 4–5.
+        let (lo, hi) = if G {
+            let (bl, bh) = (_mm512_gf2p8affine_epi64_epi8::<0>(qh, c.bits_lo), _mm512_gf2p8affine_epi64_epi8::<0>(qh, c.bits_hi));
+            // 0xEA: (A & B) | C.
+            (
+                _mm512_ternarylogic_epi32::<0xEA>(ql, c.m4, bl),
+                _mm512_ternarylogic_epi32::<0xEA>(_mm512_srli_epi16::<4>(ql), c.m4, bh),
+            )
+        } else {
+            let qh = _mm512_srlv_epi64(qh, c.shift);
+            (
+                _mm512_ternarylogic_epi32::<0xF8>(_mm512_and_si512(ql, c.m4), _mm512_slli_epi64::<4>(qh), c.m30),
+                _mm512_ternarylogic_epi32::<0xEC>(_mm512_srli_epi16::<4>(ql), _mm512_and_si512(qh, c.m30), c.m4),
+            )
+        };
         let (sl, sh) = (
             _mm512_permutexvar_ps(c.spread[2 * h], ws),
             _mm512_permutexvar_ps(c.spread[2 * h + 1], ws),
@@ -107,25 +130,46 @@ unsafe fn block<const N: usize>(j: &Job, p0: *const u8, b: usize, c: &Consts, ac
     }
 }
 
-/// Row `r0` (`R` = 1) against `N` tokens.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
-unsafe fn rows<const R: usize, const N: usize>(j: &Job, r0: usize) {
-    const { assert!(R == 1) };
+/// Row `r0` (`R` = 1) against `N` tokens, the high bits placed by GFNI where `G`.
+#[inline(always)]
+unsafe fn rows_with<const G: bool, const N: usize>(j: &Job, r0: usize) {
     let p0 = j.w.add(r0 * j.rb);
     let c = Consts {
         spread: SPREAD.map(|s| _mm512_loadu_si512(s.as_ptr() as *const _)),
         shift: _mm512_setr_epi64(0, 0, 0, 0, 2, 2, 2, 2),
         m4: _mm512_set1_epi8(0x0f),
         m30: _mm512_set1_epi8(0x30),
+        bits_lo: _mm512_setr_epi64(
+            to_bits_4_5(0), to_bits_4_5(0), to_bits_4_5(0), to_bits_4_5(0),
+            to_bits_4_5(2), to_bits_4_5(2), to_bits_4_5(2), to_bits_4_5(2),
+        ),
+        bits_hi: _mm512_setr_epi64(
+            to_bits_4_5(4), to_bits_4_5(4), to_bits_4_5(4), to_bits_4_5(4),
+            to_bits_4_5(6), to_bits_4_5(6), to_bits_4_5(6), to_bits_4_5(6),
+        ),
     };
     let mut acc = [[_mm512_setzero_ps(); 2]; N];
     for b in 0..j.blocks {
-        block::<N>(j, p0, b, &c, &mut acc);
+        block::<G, N>(j, p0, b, &c, &mut acc);
     }
     for (t, a) in acc.iter().enumerate() {
         *j.out.add(t * j.os + r0) = _mm512_reduce_add_ps(_mm512_add_ps(a[0], a[1]));
     }
 }
 
+/// Row `r0` (`R` = 1) against `N` tokens.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
+unsafe fn rows<const R: usize, const N: usize>(j: &Job, r0: usize) {
+    const { assert!(R == 1) };
+    rows_with::<false, N>(j, r0)
+}
+
+/// [`rows`] on a CPU with GFNI.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,gfni")]
+unsafe fn rows_gfni<const R: usize, const N: usize>(j: &Job, r0: usize) {
+    const { assert!(R == 1) };
+    rows_with::<true, N>(j, r0)
+}
+
 entry!(pub(crate) run, rows, 1);
+entry!(pub(crate) run_gfni, rows_gfni, 1);

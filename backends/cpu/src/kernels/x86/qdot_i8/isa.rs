@@ -1,0 +1,210 @@
+//! The integer instruction variants of the int8 kernels ([`Isa`]) and the operations that differ
+//! between them ([`Dot`]): the sums of byte products and the unpacking of packed nibbles.
+
+use super::{mxfp4_zmm, q6_k_zmm, q8_0u_extras, QK};
+use ft_backend::DType;
+use std::arch::x86_64::*;
+
+/// The instruction that sums 32 byte products into eight i32 lanes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Isa {
+    /// `vpmaddubsw` then `vpmaddwd` by ones (AVX2).
+    Madd,
+    /// `vpdpbusd` in its VEX form (AVX-VNNI: Intel client cores from Alder Lake, Zen 5).
+    AvxVnni,
+    /// `vpdpbusd` in its EVEX form on 256-bit registers (AVX512-VNNI with VL: Cascade Lake
+    /// and later Xeons, Zen 4).
+    Avx512Vnni,
+    /// As [`Isa::Avx512Vnni`] (with BW and VBMI: Ice Lake and later, Zen 4), and kernels of
+    /// its own where a type has one ([`Isa::own_sums`]), whose f32 sums add in another order.
+    Avx512Vbmi,
+    /// As [`Isa::Avx512Vbmi`], with GFNI (Ice Lake and later, Zen 4): codes unpacked by affine
+    /// byte transforms ([`nibbles_gfni`], [`q6_k_zmm`]), one instruction where shifts and masks
+    /// took two; the sums are those of [`Isa::Avx512Vbmi`], bit for bit.
+    Avx512Gfni,
+}
+
+impl Isa {
+    /// Every variant, plainest first.
+    #[cfg(test)]
+    pub(crate) const ALL: [Isa; 5] = [Isa::Madd, Isa::AvxVnni, Isa::Avx512Vnni, Isa::Avx512Vbmi, Isa::Avx512Gfni];
+
+    /// Whether this CPU runs `self` (AVX2/FMA/F16C assumed, as for every kernel here).
+    pub(crate) fn available(self) -> bool {
+        match self {
+            Isa::Madd => true,
+            Isa::AvxVnni => std::arch::is_x86_feature_detected!("avxvnni"),
+            Isa::Avx512Vnni => {
+                std::arch::is_x86_feature_detected!("avx512vnni")
+                    && std::arch::is_x86_feature_detected!("avx512vl")
+            }
+            Isa::Avx512Vbmi => mxfp4_zmm::available(),
+            Isa::Avx512Gfni => mxfp4_zmm::available() && std::arch::is_x86_feature_detected!("gfni"),
+        }
+    }
+
+    /// Whether `dtype`'s products run a kernel of this variant's own, with its own activation
+    /// order and per-token extras: MXFP4 and Q6_K on 512-bit registers ([`mxfp4_zmm`],
+    /// [`q6_k_zmm`]), Q8_0 with unsigned codes ([`super::q8_0u_quad`]).
+    pub(crate) fn own_sums(self, dtype: DType) -> bool {
+        matches!(self, Isa::Avx512Vbmi | Isa::Avx512Gfni) && matches!(dtype, DType::Mxfp4 | DType::Q8_0 | DType::Q6K)
+    }
+
+    /// Extras per token of `kp` values that `dtype`'s kernel of this variant's own reads
+    /// ([`Isa::own_sums`]).
+    pub(crate) fn extras_len(self, dtype: DType, kp: usize) -> usize {
+        debug_assert!(self.own_sums(dtype));
+        match dtype {
+            DType::Mxfp4 => kp / mxfp4_zmm::GROUP * mxfp4_zmm::EXTRAS,
+            DType::Q6K => kp / dtype.block_elems() * q6_k_zmm::EXTRAS,
+            _ => kp / QK,
+        }
+    }
+
+    /// One token's extras for `dtype`'s kernel of this variant's own into `out`
+    /// ([`Isa::extras_len`] values), from its codes `q` (natural order), scales `d` and exact
+    /// sub-block sums `sums` ([`crate::kernels::x86::qdot::aux_per_block`] a block); `q` is left in that
+    /// kernel's order.
+    pub(crate) fn own_extras(self, dtype: DType, q: &mut [i8], d: &[f32], sums: &[f32], out: &mut [f32]) {
+        debug_assert!(self.own_sums(dtype));
+        match dtype {
+            DType::Mxfp4 => {
+                mxfp4_zmm::extras(q, d, out);
+                mxfp4_zmm::order(q);
+            }
+            DType::Q6K => q6_k_zmm::extras(d, sums, out),
+            _ => q8_0u_extras(q, out),
+        }
+    }
+
+    /// The best variant for kernels running at `level`: the EVEX form only where AVX-512 is
+    /// in use, so that forcing `Avx2` keeps to VEX-encoded instructions.
+    pub(crate) fn best(level: crate::kernels::SimdLevel) -> Isa {
+        use crate::kernels::SimdLevel;
+        let avx512 = level.effective() == SimdLevel::Avx512;
+        if avx512 && Isa::Avx512Gfni.available() {
+            Isa::Avx512Gfni
+        } else if avx512 && Isa::Avx512Vbmi.available() {
+            Isa::Avx512Vbmi
+        } else if avx512 && Isa::Avx512Vnni.available() {
+            Isa::Avx512Vnni
+        } else if Isa::AvxVnni.available() {
+            Isa::AvxVnni
+        } else {
+            Isa::Madd
+        }
+    }
+}
+
+/// Eight i32 sums of four products of 32 unsigned (`u`) and 32 signed (`i`) bytes, in the
+/// instructions of one [`Isa`]. Results are identical across variants: `vpmaddubsw`'s i16
+/// pair sums cannot saturate for the codes here (see the module docs).
+pub(super) trait Dot {
+    /// `Σ u·i` per group of four bytes.
+    unsafe fn dot_u(u: __m256i, i: __m256i) -> __m256i;
+    /// `acc + Σ u·i` per group of four bytes.
+    unsafe fn dot_u_acc(acc: __m256i, u: __m256i, i: __m256i) -> __m256i;
+    /// `(a & m) | c`: one `vpternlogd` where AVX-512 VL is in use (written out: left to LLVM,
+    /// Q6_K at 4 tokens ran 5 % slower).
+    #[inline(always)]
+    unsafe fn and_or(a: __m256i, m: __m256i, c: __m256i) -> __m256i {
+        _mm256_or_si256(_mm256_and_si256(a, m), c)
+    }
+    /// [`nibbles_lo_hi`]: 16 bytes of packed nibbles at `p` as 32 codes.
+    #[inline(always)]
+    unsafe fn nibbles(p: *const u8) -> __m256i {
+        nibbles_lo_hi(p)
+    }
+}
+
+/// [`Isa::Madd`].
+pub(super) struct Madd;
+/// [`Isa::AvxVnni`].
+pub(super) struct AvxVnni;
+/// [`Isa::Avx512Vnni`].
+pub(super) struct Avx512Vnni;
+/// [`Isa::Avx512Gfni`]'s 256-bit kernels: [`Avx512Vnni`], the nibbles split by one affine byte
+/// transform ([`nibbles_gfni`]).
+pub(super) struct Avx512Gfni;
+
+impl Dot for Madd {
+    #[inline(always)]
+    unsafe fn dot_u(u: __m256i, i: __m256i) -> __m256i {
+        _mm256_madd_epi16(_mm256_maddubs_epi16(u, i), _mm256_set1_epi16(1))
+    }
+    #[inline(always)]
+    unsafe fn dot_u_acc(acc: __m256i, u: __m256i, i: __m256i) -> __m256i {
+        _mm256_add_epi32(acc, Self::dot_u(u, i))
+    }
+}
+
+impl Dot for AvxVnni {
+    #[inline(always)]
+    unsafe fn dot_u(u: __m256i, i: __m256i) -> __m256i {
+        _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), u, i)
+    }
+    #[inline(always)]
+    unsafe fn dot_u_acc(acc: __m256i, u: __m256i, i: __m256i) -> __m256i {
+        _mm256_dpbusd_avx_epi32(acc, u, i)
+    }
+}
+
+impl Dot for Avx512Vnni {
+    #[inline(always)]
+    unsafe fn dot_u(u: __m256i, i: __m256i) -> __m256i {
+        _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, i)
+    }
+    #[inline(always)]
+    unsafe fn dot_u_acc(acc: __m256i, u: __m256i, i: __m256i) -> __m256i {
+        _mm256_dpbusd_epi32(acc, u, i)
+    }
+    #[inline(always)]
+    unsafe fn and_or(a: __m256i, m: __m256i, c: __m256i) -> __m256i {
+        // 0xEA: (A & B) | C.
+        _mm256_ternarylogic_epi32::<0xEA>(a, m, c)
+    }
+}
+
+impl Dot for Avx512Gfni {
+    #[inline(always)]
+    unsafe fn dot_u(u: __m256i, i: __m256i) -> __m256i {
+        Avx512Vnni::dot_u(u, i)
+    }
+    #[inline(always)]
+    unsafe fn dot_u_acc(acc: __m256i, u: __m256i, i: __m256i) -> __m256i {
+        Avx512Vnni::dot_u_acc(acc, u, i)
+    }
+    #[inline(always)]
+    unsafe fn and_or(a: __m256i, m: __m256i, c: __m256i) -> __m256i {
+        Avx512Vnni::and_or(a, m, c)
+    }
+    #[inline(always)]
+    unsafe fn nibbles(p: *const u8) -> __m256i {
+        nibbles_gfni(p)
+    }
+}
+
+/// 16 bytes of packed nibbles at `p` as 32 bytes: low nibbles, then high nibbles. The bytes
+/// are broadcast to both halves by the load itself and one variable shift moves the upper
+/// half's high nibbles down: two ALU operations instead of four and a lane insert.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn nibbles_lo_hi(p: *const u8) -> __m256i {
+    let v = _mm256_broadcastsi128_si256(_mm_loadu_si128(p as *const __m128i));
+    let v = _mm256_srlv_epi64(v, _mm256_setr_epi64x(0, 0, 4, 4));
+    _mm256_and_si256(v, _mm256_set1_epi8(0x0f))
+}
+
+/// [`nibbles_lo_hi`] in one ALU operation instead of two: `vgf2p8affineqb` applies an 8×8 bit
+/// matrix to every byte, one matrix per 64-bit lane, so the lower half keeps bits 0–3 of each
+/// byte and the upper half moves bits 4–7 down. Output bit `i` is the parity of the byte AND
+/// matrix byte `7 − i`. One warm thread, Q4_K at 1/2/4 tokens (`cargo bench --bench kernels`,
+/// alternating builds): 22.6/15.2/8.6 → 24.2/16.4/9.1 GB/s of weights.
+#[inline]
+#[target_feature(enable = "avx2,gfni")]
+unsafe fn nibbles_gfni(p: *const u8) -> __m256i {
+    const LOW: i64 = 0x0102_0408_0000_0000;
+    const HIGH: i64 = 0x1020_4080_0000_0000;
+    let v = _mm256_broadcastsi128_si256(_mm_loadu_si128(p as *const __m128i));
+    _mm256_gf2p8affine_epi64_epi8::<0>(v, _mm256_setr_epi64x(LOW, LOW, HIGH, HIGH))
+}
