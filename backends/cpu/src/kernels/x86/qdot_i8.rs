@@ -19,7 +19,7 @@
 //! Safety contract of [`run`]: the CPU has AVX2, FMA and F16C, and the [`Job`] pointers cover
 //! `blocks` whole blocks per row for every row and token asked for.
 
-use super::qdot::{f16_splat, f16x2, hsum, k4_scales, prefetch_offset, E2M1_X2};
+use super::qdot::{f16_splat, hsum, prefetch_offset, E2M1_X2};
 
 mod fp4;
 mod isa;
@@ -315,7 +315,7 @@ mod q8_0u {
 isa_kernels!(madd, Madd, "avx2,fma,f16c");
 isa_kernels!(avxvnni, AvxVnni, "avx2,fma,f16c,avxvnni");
 isa_kernels!(avx512vnni, Avx512Vnni, "avx2,fma,f16c,avx512f,avx512vl,avx512vnni");
-isa_kernels!(avx512gfni, Avx512Gfni, "avx2,fma,f16c,avx512f,avx512vl,avx512vnni,gfni");
+isa_kernels!(avx512gfni, Avx512Gfni, "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,gfni");
 
 /// Q8_0: `d_w · d_g · Σ q·a`.
 #[inline(always)]
@@ -462,17 +462,14 @@ unsafe fn q4_0_blk<D: Dot, const R: usize, const N: usize>(
 /// Per token, the eight combined scales `d·sc_j·d_j` of a Q4_K/Q5_K block, in registers (a
 /// stored array read back lane by lane waits on store forwarding); the min term
 /// `Σ_j dmin·m_j · S_j` is taken off each token's accumulators here.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn k4_prologue<const N: usize>(
+#[inline(always)]
+unsafe fn k4_prologue<D: Dot, const N: usize>(
     p: *const u8,
     d: &[*const f32; N],
     a: &[*const f32; N],
     acc: &mut [[__m256; 2]; N],
 ) -> [__m256; N] {
-    let (dd, dmin) = f16x2(p);
-    let (sc, mn) = k4_scales(p.add(4));
-    let (scd, mv) = (_mm256_mul_ps(sc, _mm256_set1_ps(dd)), _mm256_mul_ps(mn, _mm256_set1_ps(dmin)));
+    let (scd, mv) = D::k4_scaled(p);
     let mut s = [_mm256_setzero_ps(); N];
     for t in 0..N {
         s[t] = _mm256_mul_ps(scd, _mm256_loadu_ps(d[t]));
@@ -529,7 +526,7 @@ unsafe fn q4_k_blk<D: Dot, const R: usize, const N: usize>(
 ) {
     for r in 0..R {
         let p = w[r];
-        let s = k4_prologue(p, d, a, &mut acc[r]);
+        let s = k4_prologue::<D, N>(p, d, a, &mut acc[r]);
         for c in 0..4 {
             let x0 = D::nibbles(p.add(16 + 32 * c));
             let x1 = D::nibbles(p.add(16 + 32 * c + 16));
@@ -557,7 +554,7 @@ unsafe fn q5_k_blk<D: Dot, const R: usize, const N: usize>(
     let (m4, b4) = (_mm256_set1_epi8(0x0f), _mm256_set1_epi8(0x10));
     for r in 0..R {
         let p = w[r];
-        let s = k4_prologue(p, d, a, &mut acc[r]);
+        let s = k4_prologue::<D, N>(p, d, a, &mut acc[r]);
         let qh = _mm256_loadu_si256(p.add(16) as *const __m256i);
         for c in 0..4 {
             let v = _mm256_loadu_si256(p.add(48 + 32 * c) as *const __m256i);

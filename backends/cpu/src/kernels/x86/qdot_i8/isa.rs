@@ -1,6 +1,7 @@
 //! The integer instruction variants of the int8 kernels ([`Isa`]) and the operations that differ
 //! between them ([`Dot`]): the sums of byte products and the unpacking of packed nibbles.
 
+use super::super::qdot::{f16x2, k4_scales};
 use super::{mxfp4_zmm, q6_k_zmm, q8_0u_extras, QK};
 use ft_backend::DType;
 use std::arch::x86_64::*;
@@ -115,6 +116,58 @@ pub(super) trait Dot {
     unsafe fn nibbles(p: *const u8) -> __m256i {
         nibbles_lo_hi(p)
     }
+    /// The Q4_K/Q5_K block at `p`'s eight sub-block scales `d·sc_j` and mins `dmin·m_j`.
+    #[inline(always)]
+    unsafe fn k4_scaled(p: *const u8) -> (__m256, __m256) {
+        k4_scaled_scalar(p)
+    }
+}
+
+/// [`Dot::k4_scaled`] through general registers: the 6-bit fields gathered by shifts and
+/// masks on three 32-bit words ([`k4_scales`]), then widened and scaled.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn k4_scaled_scalar(p: *const u8) -> (__m256, __m256) {
+    let (dd, dmin) = f16x2(p);
+    let (sc, mn) = k4_scales(p.add(4));
+    (_mm256_mul_ps(sc, _mm256_set1_ps(dd)), _mm256_mul_ps(mn, _mm256_set1_ps(dmin)))
+}
+
+/// `vpermb` indices placing a Q4_K block's scale bytes (`s_k` at byte `4 + k` of the block)
+/// for [`k4_scaled_vbmi`]: `s0..s3, s8..s11` (all the scales need), then `s4..s11` (the mins).
+static K4_GATHER: [u8; 16] = [4, 5, 6, 7, 12, 13, 14, 15, 8, 9, 10, 11, 12, 13, 14, 15];
+/// Per output byte, the bit of its 64-bit lane where its low field starts: scale `j` and min
+/// `j < 4` at byte `j`, min `j ≥ 4` at the upper nibble of byte `j`.
+static K4_LOW_AT: [u8; 16] = [0, 8, 16, 24, 32, 40, 48, 56, 0, 8, 16, 24, 36, 44, 52, 60];
+/// The low field's width: six bits for `j < 4`, four for `j ≥ 4`.
+static K4_LOW_MASK: [u8; 16] = [0x3f, 0x3f, 0x3f, 0x3f, 0x0f, 0x0f, 0x0f, 0x0f, 0x3f, 0x3f, 0x3f, 0x3f, 0x0f, 0x0f, 0x0f, 0x0f];
+/// For `j ≥ 4`, where the two high bits (the top of byte `j − 4`) start, minus 4 so they land
+/// at bits 4–5.
+static K4_HIGH_AT: [u8; 16] = [0, 0, 0, 0, 2, 10, 18, 26, 0, 0, 0, 0, 2, 10, 18, 26];
+/// Bits 4–5 for `j ≥ 4`.
+static K4_HIGH_MASK: [u8; 16] = [0, 0, 0, 0, 0x30, 0x30, 0x30, 0x30, 0, 0, 0, 0, 0x30, 0x30, 0x30, 0x30];
+/// [`Dot::k4_scaled`] in vector registers: one `vpermb` puts the bytes each 64-bit lane needs
+/// side by side, two `vpmultishiftqb` take every field from its bit offset, two logic
+/// operations mask and merge them; then the scales and the mins widen, convert and scale.
+/// About 17 instructions where the general-register route takes ~30 (a block of 144 bytes
+/// is ~80 at one token); one warm thread, Q4_K at 1/2/4 tokens: 24.3/16.4/9.1 →
+/// 25.1/16.5/9.5 GB/s of weights. All on 256-bit registers or narrower: with a 512-bit instruction in
+/// flight, port 1 takes no vector work, and a version that widened all sixteen bytes at once
+/// on 512 bits made the whole 256-bit kernel 30 % slower.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vbmi")]
+unsafe fn k4_scaled_vbmi(p: *const u8) -> (__m256, __m256) {
+    let ld = |t: &[u8; 16]| _mm_loadu_si128(t.as_ptr() as *const __m128i);
+    let v = _mm_loadu_si128(p as *const __m128i);
+    let g = _mm_permutexvar_epi8(ld(&K4_GATHER), v);
+    let low = _mm_multishift_epi64_epi8(ld(&K4_LOW_AT), g);
+    let high = _mm_and_si128(_mm_multishift_epi64_epi8(ld(&K4_HIGH_AT), g), ld(&K4_HIGH_MASK));
+    // 0xEA: (A & B) | C.
+    let bytes = _mm_ternarylogic_epi32::<0xEA>(low, ld(&K4_LOW_MASK), high);
+    let h = _mm_cvtph_ps(v);
+    let (dd, dmin) = (_mm256_broadcastss_ps(h), _mm256_broadcastss_ps(_mm_movehdup_ps(h)));
+    let widen = |b: __m128i| _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(b));
+    (_mm256_mul_ps(widen(bytes), dd), _mm256_mul_ps(widen(_mm_unpackhi_epi64(bytes, bytes)), dmin))
 }
 
 /// [`Isa::Madd`].
@@ -181,6 +234,10 @@ impl Dot for Avx512Gfni {
     #[inline(always)]
     unsafe fn nibbles(p: *const u8) -> __m256i {
         nibbles_gfni(p)
+    }
+    #[inline(always)]
+    unsafe fn k4_scaled(p: *const u8) -> (__m256, __m256) {
+        k4_scaled_vbmi(p)
     }
 }
 
