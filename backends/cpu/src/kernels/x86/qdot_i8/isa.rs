@@ -1,5 +1,6 @@
 //! The integer instruction variants of the int8 kernels ([`Isa`]) and the operations that differ
-//! between them ([`Dot`]): the sums of byte products and the unpacking of packed nibbles.
+//! between them ([`Dot`]): the sums of byte products, the unpacking of packed nibbles and of
+//! Q4_K/Q5_K block scales.
 
 use super::super::qdot::{f16x2, k4_scales};
 use super::{mxfp4_zmm, q6_k_zmm, q8_0u_extras, QK};
@@ -21,14 +22,16 @@ pub(crate) enum Isa {
     Avx512Vbmi,
     /// As [`Isa::Avx512Vbmi`], with GFNI (Ice Lake and later, Zen 4): codes unpacked by affine
     /// byte transforms ([`nibbles_gfni`], [`q6_k_zmm`]), one instruction where shifts and masks
-    /// took two; the sums are those of [`Isa::Avx512Vbmi`], bit for bit.
+    /// took two, and Q4_K/Q5_K scales by byte permutes ([`k4_scaled_vbmi`]); the sums are
+    /// those of [`Isa::Avx512Vbmi`], bit for bit.
     Avx512Gfni,
 }
 
 impl Isa {
     /// Every variant, plainest first.
     #[cfg(test)]
-    pub(crate) const ALL: [Isa; 5] = [Isa::Madd, Isa::AvxVnni, Isa::Avx512Vnni, Isa::Avx512Vbmi, Isa::Avx512Gfni];
+    pub(crate) const ALL: [Isa; 5] =
+        [Isa::Madd, Isa::AvxVnni, Isa::Avx512Vnni, Isa::Avx512Vbmi, Isa::Avx512Gfni];
 
     /// Whether this CPU runs `self` (AVX2/FMA/F16C assumed, as for every kernel here).
     pub(crate) fn available(self) -> bool {
@@ -48,7 +51,8 @@ impl Isa {
     /// order and per-token extras: MXFP4 and Q6_K on 512-bit registers ([`mxfp4_zmm`],
     /// [`q6_k_zmm`]), Q8_0 with unsigned codes ([`super::q8_0u_quad`]).
     pub(crate) fn own_sums(self, dtype: DType) -> bool {
-        matches!(self, Isa::Avx512Vbmi | Isa::Avx512Gfni) && matches!(dtype, DType::Mxfp4 | DType::Q8_0 | DType::Q6K)
+        matches!(self, Isa::Avx512Vbmi | Isa::Avx512Gfni)
+            && matches!(dtype, DType::Mxfp4 | DType::Q8_0 | DType::Q6K)
     }
 
     /// Extras per token of `kp` values that `dtype`'s kernel of this variant's own reads
@@ -64,8 +68,8 @@ impl Isa {
 
     /// One token's extras for `dtype`'s kernel of this variant's own into `out`
     /// ([`Isa::extras_len`] values), from its codes `q` (natural order), scales `d` and exact
-    /// sub-block sums `sums` ([`crate::kernels::x86::qdot::aux_per_block`] a block); `q` is left in that
-    /// kernel's order.
+    /// sub-block sums `sums` ([`crate::kernels::x86::qdot::aux_per_block`] a block); `q` is
+    /// left in that kernel's order.
     pub(crate) fn own_extras(self, dtype: DType, q: &mut [i8], d: &[f32], sums: &[f32], out: &mut [f32]) {
         debug_assert!(self.own_sums(dtype));
         match dtype {
@@ -146,14 +150,15 @@ static K4_LOW_MASK: [u8; 16] = [0x3f, 0x3f, 0x3f, 0x3f, 0x0f, 0x0f, 0x0f, 0x0f, 
 static K4_HIGH_AT: [u8; 16] = [0, 0, 0, 0, 2, 10, 18, 26, 0, 0, 0, 0, 2, 10, 18, 26];
 /// Bits 4–5 for `j ≥ 4`.
 static K4_HIGH_MASK: [u8; 16] = [0, 0, 0, 0, 0x30, 0x30, 0x30, 0x30, 0, 0, 0, 0, 0x30, 0x30, 0x30, 0x30];
+
 /// [`Dot::k4_scaled`] in vector registers: one `vpermb` puts the bytes each 64-bit lane needs
 /// side by side, two `vpmultishiftqb` take every field from its bit offset, two logic
 /// operations mask and merge them; then the scales and the mins widen, convert and scale.
 /// About 17 instructions where the general-register route takes ~30 (a block of 144 bytes
 /// is ~80 at one token); one warm thread, Q4_K at 1/2/4 tokens: 24.3/16.4/9.1 →
-/// 25.1/16.5/9.5 GB/s of weights. All on 256-bit registers or narrower: with a 512-bit instruction in
-/// flight, port 1 takes no vector work, and a version that widened all sixteen bytes at once
-/// on 512 bits made the whole 256-bit kernel 30 % slower.
+/// 25.1/16.5/9.5 GB/s of weights. All on 256-bit registers or narrower: with a 512-bit
+/// instruction in flight, port 1 takes no vector work, and a version that widened all sixteen
+/// bytes at once on 512 bits made the whole 256-bit kernel 30 % slower.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vbmi")]
 unsafe fn k4_scaled_vbmi(p: *const u8) -> (__m256, __m256) {

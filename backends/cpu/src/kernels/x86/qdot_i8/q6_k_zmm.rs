@@ -102,7 +102,8 @@ unsafe fn block<const G: bool, const N: usize>(j: &Job, p0: *const u8, b: usize,
         // Quarters 0 and 1: low nibbles, high bits 0–1 (2–3 in the upper half) at bits 4–5;
         // quarters 2 and 3: high nibbles, high bits 4–5 (6–7) at bits 4–5.
         let (lo, hi) = if G {
-            let (bl, bh) = (_mm512_gf2p8affine_epi64_epi8::<0>(qh, c.bits_lo), _mm512_gf2p8affine_epi64_epi8::<0>(qh, c.bits_hi));
+            let bl = _mm512_gf2p8affine_epi64_epi8::<0>(qh, c.bits_lo);
+            let bh = _mm512_gf2p8affine_epi64_epi8::<0>(qh, c.bits_hi);
             // 0xEA: (A & B) | C.
             (
                 _mm512_ternarylogic_epi32::<0xEA>(ql, c.m4, bl),
