@@ -103,6 +103,27 @@ struct Consts {
     special: __m512i,
 }
 
+/// `vpermb` of `z` by `idx` keeping byte 0 of every 32-bit lane and zeroing the rest, in one
+/// instruction: LLVM writes the zero-masked intrinsic as a `vpermb` and a `vpand`, and at one
+/// token a step is ~15 instructions (one warm thread at 1/2/4 tokens: 17.4/13.7/9.0 →
+/// 18.3/14.1/9.2 GB/s of weights).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
+unsafe fn exponents(idx: __m512i, z: __m512i) -> __m512i {
+    let out: __m512i;
+    let keep: __mmask64 = 0x1111_1111_1111_1111;
+    // SAFETY: one register-only AVX-512 VBMI instruction.
+    std::arch::asm!(
+        "vpermb {o} {{{k}}}{{z}}, {i}, {z}",
+        k = in(kreg) keep,
+        o = lateout(zmm_reg) out,
+        i = in(zmm_reg) idx,
+        z = in(zmm_reg) z,
+        options(pure, nomem, nostack, preserves_flags),
+    );
+    out
+}
+
 /// Step `g` of the row at `p0` against `N` tokens, into `acc`.
 #[inline(always)]
 unsafe fn step<const N: usize>(j: &Job, p0: *const u8, g: usize, c: Consts, acc: &mut [__m512; N]) {
@@ -115,7 +136,7 @@ unsafe fn step<const N: usize>(j: &Job, p0: *const u8, g: usize, c: Consts, acc:
     let z1 = _mm512_maskz_loadu_epi8(0xf, p.add(64) as *const i8);
     let codes = _mm512_permutex2var_epi8(z0, c.gather, z1);
     // Each block's exponent in byte 0 of its four lanes, then as f32 bits (`e8m0_bits`).
-    let e = _mm512_maskz_permutexvar_epi8(0x1111_1111_1111_1111, c.exps, z0);
+    let e = exponents(c.exps, z0);
     // Codes 0 and 255 are the two with `e − 1 ≥ 254` (unsigned): one compare, not two.
     let odd = _mm512_cmpge_epu32_mask(_mm512_sub_epi32(e, _mm512_set1_epi32(1)), _mm512_set1_epi32(254));
     let e = _mm512_slli_epi32::<23>(e);
