@@ -270,3 +270,43 @@ unsafe fn nibbles_gfni(p: *const u8) -> __m256i {
     let v = _mm256_broadcastsi128_si256(_mm_loadu_si128(p as *const __m128i));
     _mm256_gf2p8affine_epi64_epi8::<0>(v, _mm256_setr_epi64x(LOW, LOW, HIGH, HIGH))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ft_backend::conformance::Rng;
+
+    /// Random 16-byte blocks: the vector unpacking of a Q4_K/Q5_K block's scales and of packed
+    /// nibbles gives the general-register route's bits, block by block (the kernels' tests
+    /// check them only through whole products).
+    #[test]
+    fn gfni_and_vbmi_unpacking_equal_the_plain_route() {
+        if !Isa::Avx512Gfni.available() {
+            eprintln!("skipped: this CPU has no AVX-512 VBMI and GFNI");
+            return;
+        }
+        let mut rng = Rng::new(0x6f1);
+        for _ in 0..20_000 {
+            let mut b = [0u8; 16];
+            for c in b.chunks_exact_mut(8) {
+                c.copy_from_slice(&rng.next_u64().to_le_bytes());
+            }
+            // Finite scales, so that equal bits mean equal values (NaN payloads aside).
+            for h in [0, 2] {
+                let v = u16::from_le_bytes([b[h], b[h + 1]]) & 0x7bff;
+                b[h..h + 2].copy_from_slice(&v.to_le_bytes());
+            }
+            // SAFETY: the CPU has every feature the functions enable (checked above), and `b`
+            // holds the 16 bytes each reads.
+            unsafe {
+                let bits = |v: __m256| std::mem::transmute::<__m256, [u32; 8]>(v);
+                let (s0, m0) = k4_scaled_scalar(b.as_ptr());
+                let (s1, m1) = k4_scaled_vbmi(b.as_ptr());
+                assert_eq!((bits(s0), bits(m0)), (bits(s1), bits(m1)), "scales of {b:02x?}");
+                let n0 = std::mem::transmute::<__m256i, [u8; 32]>(nibbles_lo_hi(b.as_ptr()));
+                let n1 = std::mem::transmute::<__m256i, [u8; 32]>(nibbles_gfni(b.as_ptr()));
+                assert_eq!(n0, n1, "nibbles of {b:02x?}");
+            }
+        }
+    }
+}
