@@ -4,10 +4,10 @@
 //! f32. Narrow weights are widened to f32 exactly before the multiply, so all three weight
 //! types give the f32 result of the decoded values.
 
+use super::many::ManyItem;
 use super::quant::{Prepared, QuantDot};
 use super::{elementwise::decode_scalar, need, shape_err, SimdLevel};
 use ft_backend::{DType, Result};
-use rayon::prelude::*;
 use rayon::ThreadPool;
 use std::ops::Range;
 
@@ -30,9 +30,10 @@ const TASK_BYTES: usize = 512 << 10;
 /// tokens): these stream, and how evenly the threads finish decides their rate. A 4.7 MB
 /// Q4_K attention projection in 9 tasks of ≤ 512 KiB on 2 threads left one thread a whole
 /// task alone at the end and ran at 13.5–14.6 GB/s; in 32 KiB tasks, 18.4–20.4 (a chain of
-/// cold products, huge pages, alternating in one process). Each thread still reads a contiguous run of tasks (rayon
-/// splits the range in halves): claiming 16–128 KiB chunks in turn from a shared counter
-/// instead cost a third of the rate of a long matrix.
+/// cold products, huge pages, alternating in one process). Each thread still reads a
+/// contiguous run of tasks ([`super::ranges`]): claiming 16–128 KiB chunks in turn from a
+/// shared counter instead cost a third of the rate of a long matrix. With the tails shared
+/// from the back, 128 KiB tasks were no faster in the engine.
 const DECODE_TASK_BYTES: usize = 32 << 10;
 /// Most tasks of a decode-sized product: the output head would otherwise make ~8,000
 /// (rayon's join per task then costs a few percent); 512 kept long matrices at their rate.
@@ -113,46 +114,71 @@ pub fn matmul(
 ) -> Result<()> {
     let work = need(need(n, k, "n·k")?, m, "n·k·m")?;
     let pool = pool.filter(|p| p.current_num_threads() > 1 && work >= PARALLEL_MIN_WORK && m >= 2 * CHUNK_ROWS);
-    let checked = |w| whole_rows(w, out.len(), n, m, k, dtype);
-    if let Some(xb) = bf16_activations(level, dot, x, n, k, dtype)? {
-        let rb = dtype.row_bytes(k);
-        let w = checked(w)?;
-        let run = |r: Range<usize>, o: &mut [f32]| -> Result<()> {
-            if dtype.is_quantized() {
-                return super::quant::block_bf16(level, &xb, n, k, &w[r.start * rb..], dtype, r.len(), o, r.len());
-            }
-            bf16_rows(&xb, n, k, w, r.clone(), o, r.len());
-            Ok(())
-        };
-        let Some(pool) = pool else { return run(0..m, out) };
-        return split_rows(pool, n, m, rb, out, run);
+    match pool {
+        None => Product::new(level, dot, x, n, k, dtype)?.rows(whole_rows(w, out.len(), n, m, k, dtype)?, 0..m, out),
+        Some(pool) => super::many::matmul_many(pool, level, dot, &mut [ManyItem { x, n, k, w, dtype, m, out }]),
     }
-    if dtype.is_quantized() {
-        // Padding, sub-block sums and int8 codes are made once, not once per row chunk.
-        if let Some(prep) = Prepared::new(level, dot, x, k, n, k, dtype)? {
-            let w = checked(w)?;
-            let Some(pool) = pool else { return prep.run(w, m, out, m) };
-            let rb = dtype.row_bytes(k);
-            return split_rows(pool, n, m, rb, out, |r, o| prep.run(&w[r.start * rb..], r.len(), o, r.len()));
+}
+
+/// One product's activations, prepared once for whichever kernel its weights' type and its
+/// size take (the weights are checked by the caller, [`whole_rows`], so that the per-chunk
+/// calls of [`Product::rows`] cannot fail half-way through on a shape).
+pub(super) struct Product<'a> {
+    kind: Kind<'a>,
+    level: SimdLevel,
+    x: &'a [f32],
+    n: usize,
+    k: usize,
+    dtype: DType,
+}
+
+/// Which kernel family a [`Product`] runs.
+enum Kind<'a> {
+    /// bf16 activations ([`bf16_activations`]).
+    Bf16(Bf16X),
+    /// The fused block-quantized kernels.
+    Fused(Prepared<'a>),
+    /// [`matmul_rows`].
+    Rows,
+}
+
+impl<'a> Product<'a> {
+    pub(super) fn new(level: SimdLevel, dot: QuantDot, x: &'a [f32], n: usize, k: usize, dtype: DType) -> Result<Self> {
+        let kind = if let Some(xb) = bf16_activations(level, dot, x, n, k, dtype)? {
+            Kind::Bf16(xb)
+        } else if let Some(prep) = dtype.is_quantized().then(|| Prepared::new(level, dot, x, k, n, k, dtype)).transpose()?.flatten() {
+            // Padding, sub-block sums and int8 codes are made once, not once per row chunk.
+            Kind::Fused(prep)
+        } else {
+            if x.len() < need(n, k, "n·k")? {
+                return Err(shape_err(format!("matmul of {n} tokens × k={k}: x has {}", x.len())));
+            }
+            Kind::Rows
+        };
+        Ok(Self { kind, level, x, n, k, dtype })
+    }
+
+    /// Rows `r` of weights `w` (checked by [`whole_rows`]) into `o` (`[n, r.len()]`).
+    pub(super) fn rows(&self, w: &[u8], r: Range<usize>, o: &mut [f32]) -> Result<()> {
+        let (n, k, dtype) = (self.n, self.k, self.dtype);
+        let rb = dtype.row_bytes(k);
+        match &self.kind {
+            Kind::Bf16(xb) if dtype.is_quantized() => {
+                super::quant::block_bf16(self.level, xb, n, k, &w[r.start * rb..], dtype, r.len(), o, r.len())
+            }
+            Kind::Bf16(xb) => {
+                bf16_rows(xb, n, k, w, r.clone(), o, r.len());
+                Ok(())
+            }
+            Kind::Fused(prep) => prep.run(&w[r.start * rb..], r.len(), o, r.len()),
+            Kind::Rows => matmul_rows(self.level, self.x, n, k, w, dtype, r, o),
         }
     }
-    let Some(pool) = pool else { return matmul_rows(level, x, n, k, w, dtype, 0..m, out) };
-    // Validate once here so the per-chunk calls cannot fail half-way through.
-    let row_bytes = need(k.div_ceil(dtype.block_elems()), dtype.size(), "weight row bytes")?;
-    if w.len() < need(m, row_bytes, "weight bytes")? || x.len() < need(n, k, "n·k")? || out.len() < need(n, m, "n·m")? {
-        return Err(shape_err(format!(
-            "matmul {n}×{k} · {m}×{k}: x has {}, w {} bytes, out {}",
-            x.len(),
-            w.len(),
-            out.len()
-        )));
-    }
-    split_rows(pool, n, m, row_bytes, out, |r, o| matmul_rows(level, x, n, k, w, dtype, r, o))
 }
 
 /// The `m` rows of `w` after checking that they and the `[n, m]` output are there: checked
 /// once, so that the per-chunk kernels taking row ranges cannot fail half-way through.
-fn whole_rows(w: &[u8], out_len: usize, n: usize, m: usize, k: usize, dtype: DType) -> Result<&[u8]> {
+pub(super) fn whole_rows(w: &[u8], out_len: usize, n: usize, m: usize, k: usize, dtype: DType) -> Result<&[u8]> {
     if out_len < need(n, m, "n·m")? {
         return Err(shape_err(format!("matmul output holds {out_len}, need {n}×{m}")));
     }
@@ -314,59 +340,11 @@ pub(crate) fn bf16_rows(xb: &Bf16X, n: usize, k: usize, w: &[u8], rows: Range<us
     let _ = (xb, n, k, w, rows, out, os);
 }
 
-/// Runs `f(rows, out_rows)` over row chunks of an `[n, m]` product on `pool` (`row_bytes`
-/// weight bytes a row); `out_rows` is `[n, rows.len()]`, copied into `out` afterwards when
-/// `n > 1`.
-fn split_rows(
-    pool: &ThreadPool,
-    n: usize,
-    m: usize,
-    row_bytes: usize,
-    out: &mut [f32],
-    f: impl Fn(Range<usize>, &mut [f32]) -> Result<()> + Sync,
-) -> Result<()> {
-    let per_task = task_rows(pool.current_num_threads(), n, m, row_bytes);
-    if n == 1 {
-        // `with_max_len(1)`: every chunk is a job of its own that an idle thread can take;
-        // rayon's default stops splitting at about a quarter of the range per thread and
-        // runs that quarter as one piece no other thread can enter.
-        return pool.install(|| {
-            out[..m]
-                .par_chunks_mut(per_task)
-                .with_max_len(1)
-                .enumerate()
-                .try_for_each(|(i, o)| f(i * per_task..i * per_task + o.len(), o))
-        });
-    }
-    // Output columns of one chunk are strided in `out`, so each task fills its own buffer and
-    // the (n·m, tiny next to n·m·k) copy happens afterwards.
-    let parts: Vec<Result<(usize, Vec<f32>)>> = pool.install(|| {
-        (0..m.div_ceil(per_task))
-            .into_par_iter()
-            .with_max_len(1)
-            .map(|i| {
-                let r = i * per_task..((i + 1) * per_task).min(m);
-                let mut buf = vec![0f32; n * r.len()];
-                f(r.clone(), &mut buf)?;
-                Ok((r.start, buf))
-            })
-            .collect()
-    });
-    for part in parts {
-        let (r0, buf) = part?;
-        let len = buf.len() / n;
-        for (t, src) in buf.chunks_exact(len).enumerate() {
-            out[t * m + r0..][..len].copy_from_slice(src);
-        }
-    }
-    Ok(())
-}
-
 /// Rows of one pool task of an `n`-token product, a multiple of the prefill chunk so that no
 /// thread gets a ragged tile in the middle of its range. Decode-sized products: tasks of
 /// [`DECODE_TASK_BYTES`] (at most [`DECODE_TASKS`] of them); prefill: at least four tasks per
 /// thread (uneven progress evens out), at most [`TASK_BYTES`] of weights.
-fn task_rows(threads: usize, n: usize, m: usize, row_bytes: usize) -> usize {
+pub(super) fn task_rows(threads: usize, n: usize, m: usize, row_bytes: usize) -> usize {
     let rows = if n <= DECODE_TOKENS {
         let bytes = DECODE_TASK_BYTES.max(m.saturating_mul(row_bytes) / DECODE_TASKS);
         bytes / row_bytes.max(1)

@@ -10,7 +10,9 @@
 pub mod attention;
 pub mod elementwise;
 pub mod gemv;
+mod many;
 pub(crate) mod quant;
+mod ranges;
 pub mod recurrent;
 pub mod rope;
 pub mod select;
@@ -24,6 +26,7 @@ pub use elementwise::{
     axpy_row, binary, decode_row, exp_sub_sum, rms_norm_rows, scale, softmax_rows,
 };
 pub use gemv::{gemv_rows, matmul, matmul_rows};
+pub use many::{matmul_many, ManyItem};
 pub use quant::QuantDot;
 pub use recurrent::{causal_conv1d, gated_delta_rule};
 pub use rope::rope;
