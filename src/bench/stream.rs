@@ -6,8 +6,7 @@
 //! so a probe runs passes for a set time and reports their median, not one lucky pass.
 
 use ft_backend::{BackendError, DType};
-use ft_backend_cpu::kernels::{self, QuantDot, SimdLevel};
-use rayon::prelude::*;
+use ft_backend_cpu::kernels::{self, ManyItem, QuantDot, SimdLevel};
 use rayon::ThreadPool;
 use std::time::{Duration, Instant};
 
@@ -103,21 +102,34 @@ pub fn cpu_stream_rate(pool: &ThreadPool, dot: QuantDot, dtype: DType, shape: Ex
         .collect();
     let level = SimdLevel::Auto.effective();
     let (xh, xi) = (vec![0.01f32; h], vec![0.01f32; i]);
-    // As the CPU executors run a layer's experts: side by side, or each product split.
-    let alone = crate::policy::executors::side_by_side(&vec![1; shape.parallel.max(1)], pool.current_num_threads());
-    let split = (!alone).then_some(pool);
-    let mm = |x: &[f32], k: usize, w: &[u8], m: usize, out: &mut [f32]| kernels::matmul(split, level, dot, x, 1, k, w, dtype, m, out);
-    let run_expert = |e: &[&[u8]; 3]| -> Result<(), BackendError> {
-        let mut g = vec![0f32; i];
-        mm(&xh, h, e[0], i, &mut g)?;
-        mm(&xh, h, e[1], i, &mut g)?;
-        let mut d = vec![0f32; h];
-        mm(&xi, i, e[2], h, &mut d)
+    // As the CPU executors run a layer's experts: flat, or one after another, each product
+    // split over the pool.
+    let flat = crate::policy::executors::flat(&vec![1; shape.parallel.max(1)], pool.current_num_threads());
+    fn item<'a>(x: &'a [f32], k: usize, w: &'a [u8], dtype: DType, m: usize, out: &'a mut [f32]) -> ManyItem<'a> {
+        ManyItem { x, n: 1, k, w, dtype, m, out }
+    }
+    let run_group = |group: &[[&[u8]; 3]]| -> Result<(), BackendError> {
+        let (mut g, mut u, mut d) = (vec![vec![0f32; i]; group.len()], vec![vec![0f32; i]; group.len()], vec![vec![0f32; h]; group.len()]);
+        if flat {
+            let mut items = Vec::with_capacity(2 * group.len());
+            for ((e, g), u) in group.iter().zip(&mut g).zip(&mut u) {
+                items.push(item(&xh, h, e[0], dtype, i, g));
+                items.push(item(&xh, h, e[1], dtype, i, u));
+            }
+            kernels::matmul_many(pool, level, dot, &mut items)?;
+            let mut items: Vec<ManyItem<'_>> = group.iter().zip(&mut d).map(|(e, d)| item(&xi, i, e[2], dtype, h, d)).collect();
+            return kernels::matmul_many(pool, level, dot, &mut items);
+        }
+        for (((e, g), u), d) in group.iter().zip(&mut g).zip(&mut u).zip(&mut d) {
+            kernels::matmul(Some(pool), level, dot, &xh, 1, h, e[0], dtype, i, g)?;
+            kernels::matmul(Some(pool), level, dot, &xh, 1, h, e[1], dtype, i, u)?;
+            kernels::matmul(Some(pool), level, dot, &xi, 1, i, e[2], dtype, h, d)?;
+        }
+        Ok(())
     };
-    let max_len = if alone { 1 } else { usize::MAX };
     let pass = || -> Result<f64, BackendError> {
         let t = Instant::now();
-        pool.install(|| experts.chunks(shape.parallel.max(1)).try_for_each(|group| group.par_iter().with_max_len(max_len).try_for_each(run_expert)))?;
+        pool.install(|| experts.chunks(shape.parallel.max(1)).try_for_each(run_group))?;
         Ok(t.elapsed().as_secs_f64())
     };
     pass()?;
