@@ -247,7 +247,47 @@ fn long_stream() {
             gbs / 1e9,
             100.0 * gbs / bw
         );
+        side_by_side(dtype, nthreads, bw);
     }
+}
+
+/// Cold experts (gate/up `k=2048 × 768 rows`, down `k=768 × 2048`, ≥ 256 MiB in all), each
+/// whole on one of `threads` workers as the engine's decode expert phase runs them: the rate
+/// of many short streams started one after another, beside [`long_stream`]'s one long one.
+fn side_by_side(dtype: DType, threads: usize, bw: f64) {
+    use ft_backend_cpu::{kernels, SimdLevel};
+    use rayon::prelude::*;
+    let (hidden, width) = (2048, 768);
+    let mut rng = ft_backend::conformance::Rng::new(4);
+    let shapes = [(hidden, width), (hidden, width), (width, hidden)];
+    let mats: Vec<Vec<u8>> =
+        shapes.iter().map(|&(k, m)| ft_backend::quant::quantize_matrix(dtype, &rng.vec(m * k, 1.0), m, k)).collect();
+    let expert_bytes: usize = mats.iter().map(Vec::len).sum();
+    let count = (256usize << 20).div_ceil(expert_bytes);
+    let experts: Vec<Vec<Vec<u8>>> = (0..count).map(|_| mats.clone()).collect();
+    let x = rng.vec(hidden, 1.0);
+    let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().expect("pool");
+    let per = time(2, 7, || {
+        pool.install(|| {
+            experts.par_iter().with_max_len(1).for_each(|e| {
+                let mut g = vec![0f32; width];
+                let mut y = vec![0f32; hidden];
+                for (w, &(k, m)) in e.iter().zip(&shapes) {
+                    let (xin, o) = if k == hidden { (&x[..], &mut g[..]) } else { (&x[..width], &mut y[..]) };
+                    kernels::matmul(None, SimdLevel::Auto, QuantDot::Int8, xin, 1, k, w, dtype, m, o).expect("matmul");
+                }
+            })
+        })
+    });
+    let gbs = (count * expert_bytes) as f64 / per;
+    println!(
+        "{:>6} | {count} experts side by side, {:.0} MiB: {:7.2} ms {:6.2} GB/s {:4.0}%",
+        dtype.name(),
+        (count * expert_bytes) as f64 / (1 << 20) as f64,
+        per * 1e3,
+        gbs / 1e9,
+        100.0 * gbs / bw
+    );
 }
 
 /// One thread, one cache-warm `k=2048 × 768` matrix, straight through
