@@ -9,7 +9,8 @@
 //!    same process.
 //! 2. One long matrix per dtype (k=2048, ≥ 256 MiB, one product of 2 threads' row ranges, three
 //!    copies in turn so each is cold): the rate of a long sequential stream per thread, as the
-//!    output head of a model reads, free of the per-product start-up of small experts.
+//!    output head of a model reads, free of the per-product start-up of small experts; then
+//!    ≥ 256 MiB of cold experts, each whole on one worker: the rate of many short streams.
 //! 3. One thread, a cache-warm matrix, 1, 2, 4, 5, 16, 32 and 64 tokens: GFLOP/s (2·n·k·m per timed call)
 //!    and GB/s, the kernels' compute rate free of pool and memory effects.
 //!
