@@ -212,13 +212,14 @@ impl CpuIntake {
         self.pool.spawn(move || {
             let queued_s = sent.elapsed().as_secs_f64();
             // Memory-bound experts (few tokens each) run as one list of row chunks a phase
-            // (gate and up, then down); compute-bound ones one after another, each product
-            // split over the pool.
+            // (gate and up, then down); compute-bound ones side by side as rayon splits them,
+            // each product split over the pool too.
             let tokens: Vec<usize> = jobs.iter().map(|j| j.n).collect();
             let r = if crate::policy::executors::flat(&tokens, pool.current_num_threads()) {
                 experts_flat(&pool, level, dot, act, &host, &faults, &jobs)
             } else {
-                jobs.iter()
+                use rayon::prelude::*;
+                jobs.par_iter()
                     .map(|job| {
                         let start = Instant::now();
                         let (w, kernel_err) = job_expert(&host, &faults, job)?;

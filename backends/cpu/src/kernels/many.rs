@@ -6,7 +6,7 @@
 //! (the engine's CPU executors), so that the workers finish together once a phase, not once
 //! per product or expert.
 
-use super::gemv::{task_rows, whole_rows, Product};
+use super::gemv::{task_rows, whole_rows, Product, DECODE_TOKENS};
 use super::{need, shape_err, QuantDot, SimdLevel};
 use ft_backend::{DType, Result};
 use rayon::ThreadPool;
@@ -40,9 +40,9 @@ pub fn matmul_many<'a>(pool: &ThreadPool, level: SimdLevel, dot: QuantDot, items
     let (ws, ms): (Vec<&'a [u8]>, Vec<usize>) = items.iter().map(|it| (it.w, it.m)).unzip();
     // The first item with the same activations (bit for bit) prepares them for each item.
     let mut first = Vec::with_capacity(items.len());
-    // (item, rows) and weight bytes of every chunk.
+    // (item, rows) and cost (weight bytes times tokens) of every chunk.
     let mut chunks: Vec<(usize, Range<usize>)> = Vec::new();
-    let mut bytes = Vec::new();
+    let mut cost = Vec::new();
     for (i, it) in items.iter().enumerate() {
         whole_rows(it.w, it.out.len(), it.n, it.m, it.k, it.dtype)?;
         let len = need(it.n, it.k, "n·k")?;
@@ -53,22 +53,32 @@ pub fn matmul_many<'a>(pool: &ThreadPool, level: SimdLevel, dot: QuantDot, items
         let per = task_rows(threads, it.n, it.m, rb);
         for r0 in (0..it.m).step_by(per) {
             let r = r0..(r0 + per).min(it.m);
-            bytes.push(r.len() * rb);
+            cost.push(r.len() * rb * it.n);
             chunks.push((i, r));
         }
     }
-    // Prepared by the first chunk that needs them, on whichever worker runs it, not one after
-    // another before the work is shared out (8 one-token experts' down products: 14 µs).
+    // A product of a few tokens is prepared by the first chunk that needs it, on whichever
+    // worker runs it (a second worker needing it meanwhile makes its own copy, cheaper than a
+    // wait), not one after another before the work is shared out: 8 one-token experts' down
+    // products took 14 µs so. The first product and prefill-sized ones, whose bf16 tiles take
+    // long, are made here, before any worker starts: made twice, or waited for by a parked
+    // worker, they cost a fifth of a 512-token prefill.
     let products: Vec<OnceLock<Product<'a>>> = items.iter().map(|_| OnceLock::new()).collect();
     let (xs, shapes): (Vec<&'a [f32]>, Vec<(usize, usize, DType)>) = items.iter().map(|it| (it.x, (it.n, it.k, it.dtype))).unzip();
+    let make = |j: usize| {
+        let (n, k, dtype) = shapes[j];
+        Product::new(level, dot, xs[j], n, k, dtype)
+    };
+    for (j, cell) in products.iter().enumerate() {
+        if first[j] == j && (j == 0 || shapes[j].0 > DECODE_TOKENS) {
+            let _ = cell.set(make(j)?);
+        }
+    }
     let product = |i: usize| -> Result<&Product<'a>> {
         let cell = &products[first[i]];
-        if let Some(p) = cell.get() {
-            return Ok(p);
+        if cell.get().is_none() {
+            let _ = cell.set(make(first[i])?);
         }
-        let (n, k, dtype) = shapes[first[i]];
-        // Two workers may both make it; the second's copy is dropped.
-        let _ = cell.set(Product::new(level, dot, xs[first[i]], n, k, dtype)?);
         cell.get().ok_or_else(|| shape_err("prepared activations vanished"))
     };
     // Each chunk's output: its part of the product's output for one token, else a buffer.
@@ -93,7 +103,7 @@ pub fn matmul_many<'a>(pool: &ThreadPool, level: SimdLevel, dot: QuantDot, items
         }
         at += mine;
     }
-    super::ranges::run_chunks(pool, &bytes, |c| {
+    super::ranges::run_chunks(pool, &cost, |c| {
         let (i, r) = &chunks[c];
         let mut o = lock(&outs[c]);
         let o = match &mut *o {

@@ -7,7 +7,7 @@
 //! with products nested in experts that also run side by side the workers kept stealing each
 //! other's rows all the way through and halved the rate of bf16 experts. Here no worker ever
 //! waits on another's chunk: each owns a run, takes chunks from its front, and when it is
-//! empty takes chunks one at a time from the back of the run with the most bytes left, so the
+//! empty takes chunks one at a time from the back of the run with the most chunks left, so the
 //! owner keeps streaming forward while the helpers eat its tail. The claims of a run are one
 //! atomic word (front and back), so a chunk costs a compare-and-swap, and no worker waits for
 //! anything but the last chunk in flight.
@@ -51,36 +51,37 @@ impl Run {
     }
 }
 
-/// Splits chunks of `bytes[c]` bytes each into `parts` contiguous runs of about equal bytes
+/// Splits chunks of cost `cost[c]` each into `parts` contiguous runs of about equal cost
 /// (every run non-empty while there are chunks enough): the run starts, with the end last.
-fn run_bounds(bytes: &[usize], parts: usize) -> Vec<usize> {
-    let total: usize = bytes.iter().sum();
+fn run_bounds(cost: &[usize], parts: usize) -> Vec<usize> {
+    let total: usize = cost.iter().sum();
     let mut bounds = vec![0];
     let mut acc = 0;
-    for (c, &b) in bytes.iter().enumerate() {
+    for (c, &b) in cost.iter().enumerate() {
         let p = bounds.len();
         // Close run `p - 1` before chunk `c` once it holds its share, leaving a chunk for each
         // run still to come (and as soon as only that many are left).
-        let (left, to_open) = (bytes.len() - c, parts.saturating_sub(p));
+        let (left, to_open) = (cost.len() - c, parts.saturating_sub(p));
         if p < parts && c > bounds[p - 1] && ((acc * parts >= total * p && left >= to_open) || left <= to_open) {
             bounds.push(c);
         }
         acc += b;
     }
-    bounds.push(bytes.len());
+    bounds.push(cost.len());
     bounds
 }
 
-/// Runs `f(c)` exactly once for every chunk `c < bytes.len()` (chunk `c` reads about
-/// `bytes[c]` bytes) on the workers of `pool`, the calling thread included when it is one:
+/// Runs `f(c)` exactly once for every chunk `c < cost.len()` (chunk `c` costing about
+/// `cost[c]`: bytes read, times tokens) on the workers of `pool`, the calling thread
+/// included when it is one:
 /// one contiguous run of chunks per worker, tails shared out at the end (module docs). The
 /// first error stops the claiming and is returned once every chunk in flight has ended.
-pub(crate) fn run_chunks(pool: &ThreadPool, bytes: &[usize], f: impl Fn(usize) -> Result<()> + Sync) -> Result<()> {
-    let parts = pool.current_num_threads().min(bytes.len());
+pub(crate) fn run_chunks(pool: &ThreadPool, cost: &[usize], f: impl Fn(usize) -> Result<()> + Sync) -> Result<()> {
+    let parts = pool.current_num_threads().min(cost.len());
     if parts <= 1 {
-        return (0..bytes.len()).try_for_each(f);
+        return (0..cost.len()).try_for_each(f);
     }
-    let bounds = run_bounds(bytes, parts);
+    let bounds = run_bounds(cost, parts);
     let runs: Vec<Run> = bounds.windows(2).map(|w| Run::new(w[0], w[1])).collect();
     let failed = AtomicBool::new(false);
     let first_err: Mutex<Option<BackendError>> = Mutex::new(None);
