@@ -8,7 +8,8 @@
 //! owns the arithmetic, so it can be unit-tested directly and reasoned about in isolation.
 //!
 //! - [`batch`]: how many tokens each running sequence advances in one batched step.
-//! - [`executors`]: whether a layer's CPU experts run side by side or split over the pool.
+//! - [`executors`]: whether a layer's CPU experts run flat (one list of row chunks a phase)
+//!   or side by side, each product split over the pool.
 //! - [`anchors`]: the radix index of reusable prompt-prefix state for edited conversations.
 //! - [`cache`]: the expert slot table — LRU with leases that pin slots and release on drop.
 //! - [`split`]: the decode miss split `q` (fetch vs CPU) and which misses to fetch.

@@ -64,13 +64,13 @@ pub fn matmul_many<'a>(pool: &ThreadPool, level: SimdLevel, dot: QuantDot, items
     // long, are made here, before any worker starts: made twice, or waited for by a parked
     // worker, they cost a fifth of a 512-token prefill.
     let products: Vec<OnceLock<Product<'a>>> = items.iter().map(|_| OnceLock::new()).collect();
-    let (xs, shapes): (Vec<&'a [f32]>, Vec<(usize, usize, DType)>) = items.iter().map(|it| (it.x, (it.n, it.k, it.dtype))).unzip();
+    let acts: Vec<_> = items.iter().map(|it| (it.x, it.n, it.k, it.dtype)).collect();
     let make = |j: usize| {
-        let (n, k, dtype) = shapes[j];
-        Product::new(level, dot, xs[j], n, k, dtype)
+        let (x, n, k, dtype) = acts[j];
+        Product::new(level, dot, x, n, k, dtype)
     };
     for (j, cell) in products.iter().enumerate() {
-        if first[j] == j && (j == 0 || shapes[j].0 > DECODE_TOKENS) {
+        if first[j] == j && (j == 0 || acts[j].1 > DECODE_TOKENS) {
             let _ = cell.set(make(j)?);
         }
     }
@@ -81,28 +81,7 @@ pub fn matmul_many<'a>(pool: &ThreadPool, level: SimdLevel, dot: QuantDot, items
         }
         cell.get().ok_or_else(|| shape_err("prepared activations vanished"))
     };
-    // Each chunk's output: its part of the product's output for one token, else a buffer.
-    let mut outs: Vec<Mutex<ChunkOut<'_>>> = Vec::with_capacity(chunks.len());
-    let mut strided: Vec<Option<&mut [f32]>> = Vec::with_capacity(items.len());
-    let mut at = 0;
-    for it in items.iter_mut() {
-        let mine = chunks[at..].iter().take_while(|(i, _)| *i == strided.len()).count();
-        if it.n == 1 {
-            let mut rest = &mut it.out[..it.m];
-            for (_, r) in &chunks[at..at + mine] {
-                let (head, tail) = std::mem::take(&mut rest).split_at_mut(r.len());
-                outs.push(Mutex::new(ChunkOut::Direct(head)));
-                rest = tail;
-            }
-            strided.push(None);
-        } else {
-            for (_, r) in &chunks[at..at + mine] {
-                outs.push(Mutex::new(ChunkOut::Buf(vec![0f32; it.n * r.len()])));
-            }
-            strided.push(Some(&mut *it.out));
-        }
-        at += mine;
-    }
+    let (outs, mut strided) = chunk_outputs(items, &chunks);
     super::ranges::run_chunks(pool, &cost, |c| {
         let (i, r) = &chunks[c];
         let mut o = lock(&outs[c]);
@@ -112,15 +91,43 @@ pub fn matmul_many<'a>(pool: &ThreadPool, level: SimdLevel, dot: QuantDot, items
         };
         product(*i)?.rows(ws[*i], r.clone(), o)
     })?;
+    // The buffered chunks' columns into their strided outputs.
     for ((i, r), o) in chunks.iter().zip(outs) {
         if let (ChunkOut::Buf(buf), Some(out)) = (o.into_inner().unwrap_or_else(|p| p.into_inner()), &mut strided[*i]) {
-            let m = ms[*i];
             for (t, src) in buf.chunks_exact(r.len()).enumerate() {
-                out[t * m + r.start..][..r.len()].copy_from_slice(src);
+                out[t * ms[*i] + r.start..][..r.len()].copy_from_slice(src);
             }
         }
     }
     Ok(())
+}
+
+/// Each chunk's output (`chunks` in item order): its part of the item's output for one token,
+/// else a buffer of its own; and per item, the output the buffers go into afterwards (none
+/// for one token).
+#[allow(clippy::type_complexity)]
+fn chunk_outputs<'o>(items: &'o mut [ManyItem<'_>], chunks: &[(usize, Range<usize>)]) -> (Vec<Mutex<ChunkOut<'o>>>, Vec<Option<&'o mut [f32]>>) {
+    let mut outs = Vec::with_capacity(chunks.len());
+    let mut strided = Vec::with_capacity(items.len());
+    let mut at = 0;
+    for (i, it) in items.iter_mut().enumerate() {
+        let mine = chunks[at..].iter().take_while(|(c, _)| *c == i).count();
+        let rows = chunks[at..at + mine].iter().map(|(_, r)| r.len());
+        at += mine;
+        if it.n == 1 {
+            let mut rest = &mut it.out[..it.m];
+            for len in rows {
+                let (head, tail) = std::mem::take(&mut rest).split_at_mut(len);
+                outs.push(Mutex::new(ChunkOut::Direct(head)));
+                rest = tail;
+            }
+            strided.push(None);
+        } else {
+            outs.extend(rows.map(|len| Mutex::new(ChunkOut::Buf(vec![0f32; it.n * len]))));
+            strided.push(Some(&mut *it.out));
+        }
+    }
+    (outs, strided)
 }
 
 /// Where one chunk of [`matmul_many`] writes.
