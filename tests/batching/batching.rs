@@ -103,14 +103,15 @@ async fn check_dir(name: &str, dir: &Path, reference: bool, slots: u64, mode: Mo
         engine.shutdown().await;
     }
     let engine = Engine::spawn(config(dir, slots, mode, reuse, pages, kv, dot), None).await.unwrap();
-    // Four start together; four more arrive once those decode, so steps mix prompt chunks
-    // with decodes.
+    // Four start together; four more arrive as soon as those decode, so steps mix prompt
+    // chunks with decodes. (Waiting for four tokens, in 1 ms naps, sometimes let the first
+    // four finish their 12 tokens of a tiny model before the others were in.)
     let mut first: Vec<_> = ps[..4].iter().map(|p| tokio::spawn({
         let (e, p) = (engine.clone(), p.clone());
         async move { run(&e, p).await }
     })).collect();
-    while engine.stats().await.unwrap().tokens_generated < 4 {
-        tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+    while engine.stats().await.unwrap().tokens_generated < 1 {
+        tokio::time::sleep(std::time::Duration::from_micros(200)).await;
     }
     let rest: Vec<_> = ps[4..].iter().map(|p| tokio::spawn({
         let (e, p) = (engine.clone(), p.clone());
