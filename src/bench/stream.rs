@@ -102,30 +102,21 @@ pub fn cpu_stream_rate(pool: &ThreadPool, dot: QuantDot, dtype: DType, shape: Ex
         .collect();
     let level = SimdLevel::Auto.effective();
     let (xh, xi) = (vec![0.01f32; h], vec![0.01f32; i]);
-    // As the CPU executors run a layer's experts: flat, or one after another, each product
-    // split over the pool.
-    let flat = crate::policy::executors::flat(&vec![1; shape.parallel.max(1)], pool.current_num_threads());
+    // As the CPU executors run a layer's one-token experts: flat (on one worker that is the
+    // same order as theirs, each product whole, one after another).
     fn item<'a>(x: &'a [f32], k: usize, w: &'a [u8], dtype: DType, m: usize, out: &'a mut [f32]) -> ManyItem<'a> {
         ManyItem { x, n: 1, k, w, dtype, m, out }
     }
     let run_group = |group: &[[&[u8]; 3]]| -> Result<(), BackendError> {
         let (mut g, mut u, mut d) = (vec![vec![0f32; i]; group.len()], vec![vec![0f32; i]; group.len()], vec![vec![0f32; h]; group.len()]);
-        if flat {
-            let mut items = Vec::with_capacity(2 * group.len());
-            for ((e, g), u) in group.iter().zip(&mut g).zip(&mut u) {
-                items.push(item(&xh, h, e[0], dtype, i, g));
-                items.push(item(&xh, h, e[1], dtype, i, u));
-            }
-            kernels::matmul_many(pool, level, dot, &mut items)?;
-            let mut items: Vec<ManyItem<'_>> = group.iter().zip(&mut d).map(|(e, d)| item(&xi, i, e[2], dtype, h, d)).collect();
-            return kernels::matmul_many(pool, level, dot, &mut items);
+        let mut items = Vec::with_capacity(2 * group.len());
+        for ((e, g), u) in group.iter().zip(&mut g).zip(&mut u) {
+            items.push(item(&xh, h, e[0], dtype, i, g));
+            items.push(item(&xh, h, e[1], dtype, i, u));
         }
-        for (((e, g), u), d) in group.iter().zip(&mut g).zip(&mut u).zip(&mut d) {
-            kernels::matmul(Some(pool), level, dot, &xh, 1, h, e[0], dtype, i, g)?;
-            kernels::matmul(Some(pool), level, dot, &xh, 1, h, e[1], dtype, i, u)?;
-            kernels::matmul(Some(pool), level, dot, &xi, 1, i, e[2], dtype, h, d)?;
-        }
-        Ok(())
+        kernels::matmul_many(pool, level, dot, &mut items)?;
+        let mut items: Vec<ManyItem<'_>> = group.iter().zip(&mut d).map(|(e, d)| item(&xi, i, e[2], dtype, h, d)).collect();
+        kernels::matmul_many(pool, level, dot, &mut items)
     };
     let pass = || -> Result<f64, BackendError> {
         let t = Instant::now();

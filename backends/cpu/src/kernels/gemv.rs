@@ -154,12 +154,17 @@ fn prefill_rows(
     });
     for part in parts {
         let (r0, buf) = part?;
-        let len = buf.len() / n;
-        for (t, src) in buf.chunks_exact(len).enumerate() {
-            out[t * m + r0..][..len].copy_from_slice(src);
-        }
+        put_rows(out, m, r0, &buf, n);
     }
     Ok(())
+}
+
+/// A task's `[n, len]` buffer of output rows `r0..r0 + len` into the `[n, m]` output.
+pub(super) fn put_rows(out: &mut [f32], m: usize, r0: usize, buf: &[f32], n: usize) {
+    let len = buf.len() / n;
+    for (t, src) in buf.chunks_exact(len).enumerate() {
+        out[t * m + r0..][..len].copy_from_slice(src);
+    }
 }
 
 /// One product's activations, prepared once for whichever kernel its weights' type and its

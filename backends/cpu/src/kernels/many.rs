@@ -6,7 +6,7 @@
 //! (the engine's CPU executors), so that the workers finish together once a phase, not once
 //! per product or expert.
 
-use super::gemv::{task_rows, whole_rows, Product, DECODE_TOKENS};
+use super::gemv::{put_rows, task_rows, whole_rows, Product, DECODE_TOKENS};
 use super::{need, shape_err, QuantDot, SimdLevel};
 use ft_backend::{DType, Result};
 use rayon::ThreadPool;
@@ -94,9 +94,7 @@ pub fn matmul_many<'a>(pool: &ThreadPool, level: SimdLevel, dot: QuantDot, items
     // The buffered chunks' columns into their strided outputs.
     for ((i, r), o) in chunks.iter().zip(outs) {
         if let (ChunkOut::Buf(buf), Some(out)) = (o.into_inner().unwrap_or_else(|p| p.into_inner()), &mut strided[*i]) {
-            for (t, src) in buf.chunks_exact(r.len()).enumerate() {
-                out[t * ms[*i] + r.start..][..r.len()].copy_from_slice(src);
-            }
+            put_rows(out, ms[*i], r.start, &buf, buf.len() / r.len());
         }
     }
     Ok(())
