@@ -107,7 +107,7 @@ pub fn run(a: PlanArgs) -> Result<()> {
         None => PlanDevice { memory: MemoryInfo { free: ram_free, total: ram_total }, cpu: true, experts: true },
     };
     let mem = plan_engine_memory(&engine, &facts, context, &device);
-    // Host RAM holds the mapped experts (and, CPU only, everything else and the KV pool); past
+    // Host RAM holds the experts, copied or mapped (and, CPU only, everything else and the KV pool); past
     // it every token re-reads experts from disk.
     let host_need = fp.expert_bytes + if gpu { 0 } else { fp.non_expert_bytes + mem.kv_bytes } + (1 << 30);
     let ram_fits = ram_total == 0 || host_need <= ram_total;

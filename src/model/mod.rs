@@ -112,6 +112,7 @@ impl Model {
     /// Loads the checkpoint in `dir` onto `backend`. `progress(done, total)` is called per tensor.
     pub fn load(dir: &Path, backend: Arc<dyn Backend>, progress: &mut dyn FnMut(usize, usize)) -> Result<Model, ModelError> {
         let (config, files, quant) = open_checkpoint(dir)?;
+        let copied_before = hot::experts_copied();
         let total = files.names().count();
         let mut done = 0usize;
         let mut on_tensor = |_: &str| {
@@ -143,7 +144,9 @@ impl Model {
         if !unused.is_empty() {
             tracing::info!(count = unused.len(), first = %unused[0], "checkpoint tensors not used by this architecture");
         }
-        tracing::info!(arch = config.arch.model_type(), layers = config.num_layers, backend = %backend.kind(), "model loaded");
+        // Process-wide counter: a figure for the log, shared with models loading beside this one.
+        let experts_copied_mib = hot::experts_copied().saturating_sub(copied_before) >> 20;
+        tracing::info!(arch = config.arch.model_type(), layers = config.num_layers, backend = %backend.kind(), experts_copied_mib, "model loaded");
         Ok(Model {
             config,
             backend,

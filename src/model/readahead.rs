@@ -85,10 +85,12 @@ fn within_budget(advised: u64, len: u64, available: u64) -> bool {
 
 /// `MemAvailable` from `/proc/meminfo`, in bytes (`None` elsewhere).
 pub(crate) fn mem_available() -> Option<u64> {
-    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
-    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib * 1024)
+    meminfo("MemAvailable")
+}
+
+/// Field `key` (`MemTotal`, `MemAvailable`, …) of `/proc/meminfo`, in bytes (`None` elsewhere).
+pub(crate) fn meminfo(key: &str) -> Option<u64> {
+    ft_backend_cpu::meminfo_kib(&format!("{key}:")).map(|kib| kib * 1024)
 }
 
 /// Field `field` (`Rss`, `AnonHugePages`, …) of the mapping that starts at `addr`, in KiB, from
@@ -121,6 +123,9 @@ mod tests {
         assert!(!within_budget(u64::MAX, 1, 24 * gib));
         if cfg!(target_os = "linux") {
             assert!(mem_available().is_some_and(|b| b > 0));
+            let total = meminfo("MemTotal");
+            assert!(total.is_some_and(|t| mem_available().is_some_and(|a| a <= t)), "{total:?}");
+            assert_eq!(meminfo("Mem"), None, "a key is matched whole");
         }
     }
 

@@ -1,8 +1,9 @@
 //! The model's tensors, arranged per layer, and the basic loading helpers.
 //!
-//! Non-expert weights become device buffers; routed experts stay host views
-//! ([`HostMatrix`]) of the mapped files, because the expert pool lives in host RAM and only
-//! the scheduler decides what reaches the device. How each architecture names and lays out
+//! Non-expert weights become device buffers; routed experts stay in host memory
+//! ([`HostMatrix`]: views of the mapped files, or of a layer's copy in huge pages, see
+//! [`super::hot`]), because the expert pool lives in host RAM and only the scheduler decides
+//! what reaches the device. How each architecture names and lays out
 //! its tensors is in [`super::load`].
 
 use crate::model::reads;

@@ -19,6 +19,7 @@
 //! - [`kv_pool`]: the KV pool's size, and which sequences run or are preempted when it fills.
 //! - [`profile`]: stored bandwidth measurements per machine, and config overrides.
 //! - [`fit`]: `ft-actor plan`'s decode prediction and the cache hit rate it assumes.
+//! - [`host_copy`]: whether a layer's routed experts leave the file mapping for huge pages.
 
 pub mod anchors;
 pub mod batch;
@@ -26,6 +27,7 @@ pub mod budget;
 pub mod cache;
 pub mod executors;
 pub mod fit;
+pub mod host_copy;
 pub mod kv_pool;
 pub mod mode;
 pub mod planner;

@@ -11,8 +11,18 @@ use ft_backend::HostBytes;
 use rayon::prelude::*;
 
 impl Loader<'_> {
-    /// The routed experts of one MoE layer under `prefix` (`….mlp.experts`).
+    /// The routed experts of one MoE layer under `prefix` (`….mlp.experts`), copied together
+    /// into huge pages where the memory allows ([`crate::model::hot::copy_experts`]).
     pub fn experts(&mut self, prefix: &str, cfg: &ModelConfig) -> Result<Vec<ExpertWeights>, ModelError> {
+        let mut experts = self.checkpoint_experts(prefix, cfg)?;
+        let copied = crate::model::hot::copy_experts(&mut experts);
+        tracing::debug!(layer = prefix, copied, "routed experts {}", if copied > 0 { "copied into huge pages" } else { "left mapped" });
+        Ok(experts)
+    }
+
+    /// The routed experts as the checkpoint holds them: views of the mapped files where the
+    /// layout allows, owned conversions where it does not (gpt-oss).
+    fn checkpoint_experts(&mut self, prefix: &str, cfg: &ModelConfig) -> Result<Vec<ExpertWeights>, ModelError> {
         let (n, hidden, inter) = (cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size);
         let names = crate::model::arch::spec(cfg.arch).hf;
         let fused = format!("{prefix}.gate_up_proj");
