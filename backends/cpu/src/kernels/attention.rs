@@ -1,6 +1,8 @@
 //! Causal attention of new queries against a KV cache (GQA, sliding window, learned sinks).
 
 use super::elementwise::{axpy_row, exp_sub_sum, max};
+
+mod split;
 use super::quant::decode_row;
 use super::{gemv::block, need, shape_err, SimdLevel};
 use ft_backend::{AttentionDesc, DType, KvPages, Result};
@@ -105,22 +107,30 @@ pub fn attention(
         return Ok(());
     }
     let out = &mut out[..out_len];
-    let task = |idx: usize, o: &mut [f32]| {
-        pair(
-            level,
-            q,
-            k,
-            v,
-            &runs,
-            sinks,
-            o,
-            d,
-            idx / d.n_kv_heads,
-            idx % d.n_kv_heads,
-        )
-    };
+    if split_positions(k, v, d) {
+        return split::attention(pool, level, q, k, v, &runs, sinks, out, d);
+    }
+    by_pairs(pool, level, q, k, v, &runs, sinks, out, d)
+}
+
+/// [`attention`] one task per (token, KV head) pair, `out` of the checked length.
+#[allow(clippy::too_many_arguments)]
+fn by_pairs(
+    pool: &ThreadPool,
+    level: SimdLevel,
+    q: &[f32],
+    k: KvCache<'_>,
+    v: KvCache<'_>,
+    runs: &[(usize, usize, usize)],
+    sinks: Option<&[f32]>,
+    out: &mut [f32],
+    d: &AttentionDesc,
+) -> Result<()> {
+    let group = d.n_heads / d.n_kv_heads;
+    let chunk = group * d.v_head_dim;
+    let task = |idx: usize, o: &mut [f32]| pair(level, q, k, v, runs, sinks, o, d, idx / d.n_kv_heads, idx % d.n_kv_heads);
     let work = d.n_tokens * d.n_heads * d.kv_len * d.head_dim.max(1);
-    if pool.current_num_threads() > 1 && rows_q > group && work >= PARALLEL_MIN {
+    if pool.current_num_threads() > 1 && d.n_tokens * d.n_heads > group && work >= PARALLEL_MIN {
         pool.install(|| {
             out.par_chunks_mut(chunk)
                 .enumerate()
@@ -131,6 +141,19 @@ pub fn attention(
             .enumerate()
             .try_for_each(|(i, o)| task(i, o))
     }
+}
+
+/// Whether a few tokens' attention over a long cache runs split by positions
+/// ([`split::attention`]) rather than by (token, KV head) pair: every token sees at least
+/// [`split::MIN_ROWS`] rows and the caches hold plain floats. The thread count plays no
+/// part, so neither does it in the numbers.
+fn split_positions(k: KvCache<'_>, v: KvCache<'_>, d: &AttentionDesc) -> bool {
+    let first = d.kv_len - d.n_tokens + 1;
+    let shortest = d.window.map_or(first, |w| w.min(first));
+    d.n_tokens <= split::MAX_TOKENS
+        && shortest >= split::MIN_ROWS
+        && !k.dtype.is_quantized()
+        && !v.dtype.is_quantized()
 }
 
 /// All query heads of KV head `kvh` for token `t`, into `o[group, v_head_dim]`.

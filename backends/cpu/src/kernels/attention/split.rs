@@ -1,0 +1,248 @@
+//! Attention of a few tokens over a long cache, split by positions (flash-decoding).
+//!
+//! Split by (token, KV head) pair, each task reads its head's slice of every cached row: 256
+//! bytes of a 1 KiB row for 4 KV heads of 128 f16 values, so the rows come in as scattered
+//! misses the prefetchers do not follow, and one token's four pairs leave each thread the
+//! memory parallelism of one core on a strided walk. At 3,072 cached tokens the weighted sum of
+//! values alone, waiting on those loads, was an eighth of a decode step (12-layer Q4_K_M, 2
+//! threads). Here a task takes a fixed segment of [`SEGMENT`] positions and all heads,
+//! reading each block of rows whole, front to back; each segment keeps its own running
+//! maximum and sum, and the segments are merged in position order. The segments are fixed by
+//! position, so the result depends on neither the thread count nor where the pages lie.
+
+use super::{exp_sub_sum, max, weighted_values, PvRows};
+use crate::kernels::gemv::block;
+use crate::kernels::SimdLevel;
+use ft_backend::{AttentionDesc, Result};
+use rayon::prelude::*;
+use rayon::ThreadPool;
+
+use super::KvCache;
+
+/// Most new tokens a split call takes (decode steps; a prefill has pairs enough to share).
+pub(super) const MAX_TOKENS: usize = 4;
+/// Fewest rows every token must see for the split (below, a segment or two per token would
+/// leave threads idle and the pairs' strided reads are cheap).
+pub(super) const MIN_ROWS: usize = 1024;
+/// Positions per segment: one task's share.
+const SEGMENT: usize = 256;
+/// Rows read as one block, all KV heads before the next block (32 rows of 1 KiB: L1-sized).
+const BLOCK: usize = 32;
+
+/// One segment's unnormalised result: per head the maximum scaled score, the sum of
+/// `exp(score − max)`, and the values weighted by those exponentials.
+struct Partial {
+    max: Vec<f32>,
+    sum: Vec<f32>,
+    out: Vec<f32>,
+}
+
+/// The segments `[a, b)` of the positions `start..=pos` token `t` sees.
+fn segments(d: &AttentionDesc, t: usize) -> (usize, usize) {
+    let pos = d.kv_len - d.n_tokens + t;
+    let start = d.window.map_or(0, |w| (pos + 1).saturating_sub(w));
+    (start, pos + 1)
+}
+
+/// [`super::attention`] split by positions; the caller checked [`super::split_positions`].
+#[allow(clippy::too_many_arguments)]
+pub(super) fn attention(
+    pool: &ThreadPool,
+    level: SimdLevel,
+    q: &[f32],
+    k: KvCache<'_>,
+    v: KvCache<'_>,
+    runs: &[(usize, usize, usize)],
+    sinks: Option<&[f32]>,
+    out: &mut [f32],
+    d: &AttentionDesc,
+) -> Result<()> {
+    // Every (token, segment) task, tokens in order, segments in position order.
+    let tasks: Vec<(usize, usize, usize)> = (0..d.n_tokens)
+        .flat_map(|t| {
+            let (start, end) = segments(d, t);
+            (start..end).step_by(SEGMENT).map(move |a| (t, a, (a + SEGMENT).min(end)))
+        })
+        .collect();
+    let parts: Vec<Partial> = pool.install(|| {
+        tasks.par_iter().with_max_len(1).map(|&(t, a, b)| segment(level, q, k, v, runs, d, t, a, b)).collect::<Result<_>>()
+    })?;
+    let vhd = d.v_head_dim;
+    for (t, o) in out.chunks_exact_mut(d.n_heads * vhd).enumerate().take(d.n_tokens) {
+        let mine: Vec<&Partial> = tasks.iter().zip(&parts).filter(|((tt, _, _), _)| *tt == t).map(|(_, p)| p).collect();
+        for (h, oh) in o.chunks_exact_mut(vhd).enumerate() {
+            let sink = sinks.map(|s| s[h]);
+            let m = mine.iter().map(|p| p.max[h]).fold(sink.unwrap_or(f32::NEG_INFINITY), f32::max);
+            let mut denom = sink.map_or(0.0, |x| (x - m).exp());
+            oh.fill(0.0);
+            for p in &mine {
+                let w = (p.max[h] - m).exp();
+                denom += w * p.sum[h];
+                oh.iter_mut().zip(&p.out[h * vhd..][..vhd]).for_each(|(o, x)| *o += w * x);
+            }
+            let inv = 1.0 / denom;
+            oh.iter_mut().for_each(|o| *o *= inv);
+        }
+    }
+    Ok(())
+}
+
+/// Asks for every line of `bytes` (the next block's rows, all heads), front to back: read
+/// in order they come at the stream rate, where each head's pass alone would meet them as
+/// strided misses.
+fn fetch_ahead(bytes: &[u8]) {
+    #[cfg(target_arch = "x86_64")]
+    for line in bytes.chunks(64) {
+        // SAFETY: a prefetch of an address inside `bytes`; it reads nothing architecturally.
+        unsafe { crate::kernels::x86::prefetch(line.as_ptr()) };
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = bytes;
+}
+
+/// Positions `a..b` of token `t`, all heads.
+#[allow(clippy::too_many_arguments)]
+fn segment(
+    level: SimdLevel,
+    q: &[f32],
+    k: KvCache<'_>,
+    v: KvCache<'_>,
+    runs: &[(usize, usize, usize)],
+    d: &AttentionDesc,
+    t: usize,
+    a: usize,
+    b: usize,
+) -> Result<Partial> {
+    let (hd, vhd, heads, kvh_n) = (d.head_dim, d.v_head_dim, d.n_heads, d.n_kv_heads);
+    let group = heads / kvh_n;
+    let rows = b - a;
+    // The runs' parts inside `a..b`, cut into blocks: (first logical row, its cache row, rows).
+    let blocks: Vec<(usize, usize, usize)> = runs
+        .iter()
+        .filter_map(|&(j, r, n)| {
+            let (x, y) = (j.max(a), (j + n).min(b));
+            (x < y).then_some((x, r + (x - j), y - x))
+        })
+        .flat_map(|(j, r, n)| (0..n).step_by(BLOCK).map(move |i| (j + i, r + i, BLOCK.min(n - i))))
+        .collect();
+    let q_tok = &q[t * heads * hd..][..heads * hd];
+    let k_stride = kvh_n * hd;
+    let mut scores = vec![0f32; heads * rows];
+    let k_row = k.dtype.row_bytes(k_stride);
+    for (i, &(j, r, n)) in blocks.iter().enumerate() {
+        if let Some(&(_, r2, n2)) = blocks.get(i + 1) {
+            fetch_ahead(&k.bytes[r2 * k_row..][..n2 * k_row]);
+        }
+        for kvh in 0..kvh_n {
+            let k_rows = &k.bytes[k.dtype.row_bytes(r * k_stride + kvh * hd)..];
+            let s = &mut scores[kvh * group * rows + (j - a)..];
+            block(level, &q_tok[kvh * group * hd..], hd, group, hd, k_rows, k.dtype, k_stride, n, s, rows)?;
+        }
+    }
+    let (mut mx, mut sum) = (vec![0f32; heads], vec![0f32; heads]);
+    for (h, s) in scores.chunks_exact_mut(rows).enumerate() {
+        s.iter_mut().for_each(|x| *x *= d.scale);
+        mx[h] = max(s);
+        sum[h] = exp_sub_sum(level, s, mx[h]);
+    }
+    let v_stride = kvh_n * vhd;
+    let mut o = vec![0f32; heads * vhd];
+    let v_row = v.dtype.row_bytes(v_stride);
+    for (i, &(j, r, n)) in blocks.iter().enumerate() {
+        if let Some(&(_, r2, n2)) = blocks.get(i + 1) {
+            fetch_ahead(&v.bytes[r2 * v_row..][..n2 * v_row]);
+        }
+        for kvh in 0..kvh_n {
+            let pv = PvRows {
+                p: &scores[kvh * group * rows + (j - a)..],
+                ps: rows,
+                heads: group,
+                len: n,
+                v: &v.bytes[v.dtype.row_bytes((r * kvh_n + kvh) * vhd)..],
+                dtype: v.dtype,
+                v_stride,
+                vhd,
+                accumulate: true,
+            };
+            weighted_values(level, &pv, &mut o[kvh * group * vhd..])?;
+        }
+    }
+    Ok(Partial { max: mx, sum, out: o })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::attention as attend;
+    use super::*;
+    use ft_backend::{DType, KvPages};
+
+    fn pool(threads: usize) -> ThreadPool {
+        rayon::ThreadPoolBuilder::new().num_threads(threads).build().expect("pool")
+    }
+
+    /// `n` values of `dtype` from `x`, as cache bytes.
+    fn bytes(dtype: DType, x: &[f32]) -> Vec<u8> {
+        match dtype {
+            DType::F32 => bytemuck::cast_slice(x).to_vec(),
+            DType::F16 => x.iter().flat_map(|&v| half::f16::from_f32(v).to_le_bytes()).collect(),
+            _ => x.iter().flat_map(|&v| half::bf16::from_f32(v).to_le_bytes()).collect(),
+        }
+    }
+
+    /// The same attention split by pairs (in position order) and by positions (segments
+    /// merged): equal within 2e-6 (values are ~1; the merge rescales each segment's sums
+    /// once); and split by positions, the same bits on one thread and on three.
+    #[allow(clippy::too_many_arguments)]
+    fn check(dtype: DType, heads: usize, kv_heads: usize, dim: usize, kv_len: usize, tokens: usize, window: Option<usize>, sinks: bool, paged: bool) {
+        let mut rng = ft_backend::conformance::Rng::new(kv_len as u64 + tokens as u64);
+        let page_rows = 64;
+        let pages = kv_len.div_ceil(page_rows);
+        // Pages in a shuffled order inside a pool with room to spare, so runs break.
+        let table: Vec<u32> = (0..pages as u32).map(|p| (p * 7 + 3) % (pages as u32 + 5)).collect();
+        let capacity = if paged { (pages + 5) * page_rows } else { kv_len };
+        let (kc, vc) = (bytes(dtype, &rng.vec(capacity * kv_heads * dim, 1.0)), bytes(dtype, &rng.vec(capacity * kv_heads * dim, 1.0)));
+        let q = rng.vec(tokens * heads * dim, 1.0);
+        let sink: Vec<f32> = rng.vec(heads, 2.0);
+        let d = AttentionDesc { n_tokens: tokens, n_heads: heads, n_kv_heads: kv_heads, head_dim: dim, v_head_dim: dim, kv_len, scale: 0.5 / (dim as f32).sqrt(), window };
+        let (k, v) = (KvCache { bytes: &kc, dtype }, KvCache { bytes: &vc, dtype });
+        let p = KvPages { table: &table, page_rows };
+        let runs = if paged { p.runs(0, kv_len).expect("runs") } else { vec![(0, 0, kv_len)] };
+        let sinks = sinks.then_some(&sink[..]);
+        let what = format!("{dtype} {heads}/{kv_heads}×{dim} kv {kv_len} t {tokens} {window:?} sinks {} paged {paged}", sinks.is_some());
+        let mut pairs = vec![0f32; tokens * heads * dim];
+        super::super::by_pairs(&pool(2), SimdLevel::Auto, &q, k, v, &runs, sinks, &mut pairs, &d).expect("pairs");
+        let mut split = [vec![0f32; tokens * heads * dim], vec![0f32; tokens * heads * dim]];
+        for (threads, out) in [1, 3].into_iter().zip(&mut split) {
+            attention(&pool(threads), SimdLevel::Auto, &q, k, v, &runs, sinks, out, &d).expect("split");
+        }
+        assert_eq!(split[0], split[1], "{what}: one thread and three");
+        for (i, (a, b)) in split[0].iter().zip(&pairs).enumerate() {
+            assert!((a - b).abs() <= 2e-6, "{what}: value {i}: {a} vs {b}");
+        }
+        // The public entry takes this path for these shapes.
+        let mut via = vec![0f32; tokens * heads * dim];
+        attend(&pool(2), SimdLevel::Auto, &q, k, v, paged.then_some(&p), sinks, &mut via, &d).expect("attention");
+        assert_eq!(via, split[0], "{what}: kernels::attention splits by positions");
+    }
+
+    #[test]
+    fn split_by_positions_equals_split_by_pairs() {
+        check(DType::F16, 8, 2, 64, 1100, 1, None, false, false);
+        check(DType::BF16, 8, 1, 32, 1300, 3, None, true, false);
+        check(DType::F32, 4, 4, 48, 1024, 1, None, false, true);
+        // A window shorter than the cache: segments start where the window does.
+        check(DType::F16, 8, 2, 64, 2000, 2, Some(1500), true, true);
+    }
+
+    #[test]
+    fn short_caches_prefills_and_quantized_caches_keep_the_pairs() {
+        let d = |n_tokens, kv_len, window| AttentionDesc { n_tokens, n_heads: 8, n_kv_heads: 2, head_dim: 64, v_head_dim: 64, kv_len, scale: 1.0, window };
+        let c = |dtype| KvCache { bytes: &[], dtype };
+        let split = |dtype, d: &AttentionDesc| super::super::split_positions(c(dtype), c(dtype), d);
+        assert!(split(DType::F16, &d(1, 1024, None)));
+        assert!(!split(DType::F16, &d(1, 1023, None)));
+        assert!(!split(DType::F16, &d(1, 4096, Some(512))));
+        assert!(!split(DType::F16, &d(MAX_TOKENS + 1, 4096, None)));
+        assert!(!split(DType::Q8_0, &d(1, 4096, None)));
+    }
+}
