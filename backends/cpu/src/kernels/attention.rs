@@ -107,28 +107,50 @@ pub fn attention(
         return Ok(());
     }
     let out = &mut out[..out_len];
+    let inp = Inputs { level, q, k, v, runs: &runs, sinks, d };
     if split_positions(k, v, d) {
-        return split::attention(pool, level, q, k, v, &runs, sinks, out, d);
+        return split::attention(pool, &inp, out);
     }
-    by_pairs(pool, level, q, k, v, &runs, sinks, out, d)
+    by_pairs(pool, &inp, out)
+}
+
+/// What one checked attention call reads.
+#[derive(Clone, Copy)]
+struct Inputs<'a> {
+    level: SimdLevel,
+    /// `[n_tokens, n_heads, head_dim]` queries.
+    q: &'a [f32],
+    k: KvCache<'a>,
+    v: KvCache<'a>,
+    /// The sequence's rows as runs contiguous in the cache: (first logical row, its cache
+    /// row, rows).
+    runs: &'a [(usize, usize, usize)],
+    sinks: Option<&'a [f32]>,
+    d: &'a AttentionDesc,
+}
+
+impl Inputs<'_> {
+    /// The positions `start..end` token `t` sees: its window's, up to its own.
+    fn seen(&self, t: usize) -> (usize, usize) {
+        let pos = self.d.kv_len - self.d.n_tokens + t;
+        (self.d.window.map_or(0, |w| (pos + 1).saturating_sub(w)), pos + 1)
+    }
+
+    /// The runs' parts inside positions `a..b`, as (first logical row, its cache row, rows).
+    fn runs_in(&self, a: usize, b: usize) -> impl Iterator<Item = (usize, usize, usize)> + Clone + '_ {
+        self.runs.iter().filter_map(move |&(j, r, n)| {
+            let (x, y) = (j.max(a), (j + n).min(b));
+            (x < y).then_some((x, r + (x - j), y - x))
+        })
+    }
 }
 
 /// [`attention`] one task per (token, KV head) pair, `out` of the checked length.
-#[allow(clippy::too_many_arguments)]
-fn by_pairs(
-    pool: &ThreadPool,
-    level: SimdLevel,
-    q: &[f32],
-    k: KvCache<'_>,
-    v: KvCache<'_>,
-    runs: &[(usize, usize, usize)],
-    sinks: Option<&[f32]>,
-    out: &mut [f32],
-    d: &AttentionDesc,
-) -> Result<()> {
+fn by_pairs(pool: &ThreadPool, inp: &Inputs<'_>, out: &mut [f32]) -> Result<()> {
+    let d = inp.d;
     let group = d.n_heads / d.n_kv_heads;
     let chunk = group * d.v_head_dim;
-    let task = |idx: usize, o: &mut [f32]| pair(level, q, k, v, runs, sinks, o, d, idx / d.n_kv_heads, idx % d.n_kv_heads);
+    let task = |idx: usize, o: &mut [f32]| pair(inp, o, idx / d.n_kv_heads, idx % d.n_kv_heads);
     let work = d.n_tokens * d.n_heads * d.kv_len * d.head_dim.max(1);
     if pool.current_num_threads() > 1 && d.n_tokens * d.n_heads > group && work >= PARALLEL_MIN {
         pool.install(|| {
@@ -157,35 +179,19 @@ fn split_positions(k: KvCache<'_>, v: KvCache<'_>, d: &AttentionDesc) -> bool {
 }
 
 /// All query heads of KV head `kvh` for token `t`, into `o[group, v_head_dim]`.
-#[allow(clippy::too_many_arguments)]
-fn pair(
-    level: SimdLevel,
-    q: &[f32],
-    k: KvCache<'_>,
-    v: KvCache<'_>,
-    runs: &[(usize, usize, usize)],
-    sinks: Option<&[f32]>,
-    o: &mut [f32],
-    d: &AttentionDesc,
-    t: usize,
-    kvh: usize,
-) -> Result<()> {
+fn pair(inp: &Inputs<'_>, o: &mut [f32], t: usize, kvh: usize) -> Result<()> {
+    let Inputs { level, q, k, v, sinks, d, .. } = *inp;
     let group = d.n_heads / d.n_kv_heads;
     let (hd, vhd) = (d.head_dim, d.v_head_dim);
-    let pos = d.kv_len - d.n_tokens + t;
-    let start = d.window.map_or(0, |w| (pos + 1).saturating_sub(w));
-    let len = pos + 1 - start;
+    let (start, end) = inp.seen(t);
+    let len = end - start;
     if len == 0 {
         o.fill(0.0);
         // A zero window sees nothing; the reference's empty sum is zero.
         return Ok(());
     }
     let q_rows = &q[(t * d.n_heads + kvh * group) * hd..][..group * hd];
-    // The runs' parts inside `start..=pos`: (first logical row, its cache row, rows).
-    let runs = runs.iter().filter_map(|&(j, r, n)| {
-        let (a, b) = (j.max(start), (j + n).min(pos + 1));
-        (a < b).then(|| (a, r + (a - j), b - a))
-    });
+    let runs = inp.runs_in(start, end);
     let k_stride = d.n_kv_heads * hd;
     let mut scores = vec![0f32; group * len];
     for (j, r, n) in runs.clone() {

@@ -10,14 +10,11 @@
 //! maximum and sum, and the segments are merged in position order. The segments are fixed by
 //! position, so the result depends on neither the thread count nor where the pages lie.
 
-use super::{exp_sub_sum, max, weighted_values, PvRows};
+use super::{exp_sub_sum, max, weighted_values, Inputs, PvRows};
 use crate::kernels::gemv::block;
-use crate::kernels::SimdLevel;
-use ft_backend::{AttentionDesc, Result};
+use ft_backend::Result;
 use rayon::prelude::*;
 use rayon::ThreadPool;
-
-use super::KvCache;
 
 /// Most new tokens a split call takes (decode steps; a prefill has pairs enough to share).
 pub(super) const MAX_TOKENS: usize = 4;
@@ -37,41 +34,23 @@ struct Partial {
     out: Vec<f32>,
 }
 
-/// The segments `[a, b)` of the positions `start..=pos` token `t` sees.
-fn segments(d: &AttentionDesc, t: usize) -> (usize, usize) {
-    let pos = d.kv_len - d.n_tokens + t;
-    let start = d.window.map_or(0, |w| (pos + 1).saturating_sub(w));
-    (start, pos + 1)
-}
-
 /// [`super::attention`] split by positions; the caller checked [`super::split_positions`].
-#[allow(clippy::too_many_arguments)]
-pub(super) fn attention(
-    pool: &ThreadPool,
-    level: SimdLevel,
-    q: &[f32],
-    k: KvCache<'_>,
-    v: KvCache<'_>,
-    runs: &[(usize, usize, usize)],
-    sinks: Option<&[f32]>,
-    out: &mut [f32],
-    d: &AttentionDesc,
-) -> Result<()> {
+pub(super) fn attention(pool: &ThreadPool, inp: &Inputs<'_>, out: &mut [f32]) -> Result<()> {
+    let d = inp.d;
     // Every (token, segment) task, tokens in order, segments in position order.
     let tasks: Vec<(usize, usize, usize)> = (0..d.n_tokens)
         .flat_map(|t| {
-            let (start, end) = segments(d, t);
+            let (start, end) = inp.seen(t);
             (start..end).step_by(SEGMENT).map(move |a| (t, a, (a + SEGMENT).min(end)))
         })
         .collect();
-    let parts: Vec<Partial> = pool.install(|| {
-        tasks.par_iter().with_max_len(1).map(|&(t, a, b)| segment(level, q, k, v, runs, d, t, a, b)).collect::<Result<_>>()
-    })?;
+    let parts: Vec<Partial> =
+        pool.install(|| tasks.par_iter().with_max_len(1).map(|&(t, a, b)| segment(inp, t, a, b)).collect::<Result<_>>())?;
     let vhd = d.v_head_dim;
     for (t, o) in out.chunks_exact_mut(d.n_heads * vhd).enumerate().take(d.n_tokens) {
         let mine: Vec<&Partial> = tasks.iter().zip(&parts).filter(|((tt, _, _), _)| *tt == t).map(|(_, p)| p).collect();
         for (h, oh) in o.chunks_exact_mut(vhd).enumerate() {
-            let sink = sinks.map(|s| s[h]);
+            let sink = inp.sinks.map(|s| s[h]);
             let m = mine.iter().map(|p| p.max[h]).fold(sink.unwrap_or(f32::NEG_INFINITY), f32::max);
             let mut denom = sink.map_or(0.0, |x| (x - m).exp());
             oh.fill(0.0);
@@ -101,30 +80,14 @@ fn fetch_ahead(bytes: &[u8]) {
 }
 
 /// Positions `a..b` of token `t`, all heads.
-#[allow(clippy::too_many_arguments)]
-fn segment(
-    level: SimdLevel,
-    q: &[f32],
-    k: KvCache<'_>,
-    v: KvCache<'_>,
-    runs: &[(usize, usize, usize)],
-    d: &AttentionDesc,
-    t: usize,
-    a: usize,
-    b: usize,
-) -> Result<Partial> {
+fn segment(inp: &Inputs<'_>, t: usize, a: usize, b: usize) -> Result<Partial> {
+    let Inputs { level, q, k, v, d, .. } = *inp;
     let (hd, vhd, heads, kvh_n) = (d.head_dim, d.v_head_dim, d.n_heads, d.n_kv_heads);
     let group = heads / kvh_n;
     let rows = b - a;
     // The runs' parts inside `a..b`, cut into blocks: (first logical row, its cache row, rows).
-    let blocks: Vec<(usize, usize, usize)> = runs
-        .iter()
-        .filter_map(|&(j, r, n)| {
-            let (x, y) = (j.max(a), (j + n).min(b));
-            (x < y).then_some((x, r + (x - j), y - x))
-        })
-        .flat_map(|(j, r, n)| (0..n).step_by(BLOCK).map(move |i| (j + i, r + i, BLOCK.min(n - i))))
-        .collect();
+    let blocks: Vec<(usize, usize, usize)> =
+        inp.runs_in(a, b).flat_map(|(j, r, n)| (0..n).step_by(BLOCK).map(move |i| (j + i, r + i, BLOCK.min(n - i)))).collect();
     let q_tok = &q[t * heads * hd..][..heads * hd];
     let k_stride = kvh_n * hd;
     let mut scores = vec![0f32; heads * rows];
@@ -172,9 +135,10 @@ fn segment(
 
 #[cfg(test)]
 mod tests {
-    use super::super::attention as attend;
+    use super::super::{attention as attend, KvCache};
     use super::*;
-    use ft_backend::{DType, KvPages};
+    use crate::kernels::SimdLevel;
+    use ft_backend::{AttentionDesc, DType, KvPages};
 
     fn pool(threads: usize) -> ThreadPool {
         rayon::ThreadPoolBuilder::new().num_threads(threads).build().expect("pool")
@@ -210,10 +174,11 @@ mod tests {
         let sinks = sinks.then_some(&sink[..]);
         let what = format!("{dtype} {heads}/{kv_heads}×{dim} kv {kv_len} t {tokens} {window:?} sinks {} paged {paged}", sinks.is_some());
         let mut pairs = vec![0f32; tokens * heads * dim];
-        super::super::by_pairs(&pool(2), SimdLevel::Auto, &q, k, v, &runs, sinks, &mut pairs, &d).expect("pairs");
+        let inp = Inputs { level: SimdLevel::Auto, q: &q, k, v, runs: &runs, sinks, d: &d };
+        super::super::by_pairs(&pool(2), &inp, &mut pairs).expect("pairs");
         let mut split = [vec![0f32; tokens * heads * dim], vec![0f32; tokens * heads * dim]];
         for (threads, out) in [1, 3].into_iter().zip(&mut split) {
-            attention(&pool(threads), SimdLevel::Auto, &q, k, v, &runs, sinks, out, &d).expect("split");
+            attention(&pool(threads), &inp, out).expect("split");
         }
         assert_eq!(split[0], split[1], "{what}: one thread and three");
         for (i, (a, b)) in split[0].iter().zip(&pairs).enumerate() {
