@@ -140,7 +140,8 @@ impl Inputs<'_> {
     fn runs_in(&self, a: usize, b: usize) -> impl Iterator<Item = (usize, usize, usize)> + Clone + '_ {
         self.runs.iter().filter_map(move |&(j, r, n)| {
             let (x, y) = (j.max(a), (j + n).min(b));
-            (x < y).then_some((x, r + (x - j), y - x))
+            // Lazily: `y - x` underflows for a run outside the range.
+            (x < y).then(|| (x, r + (x - j), y - x))
         })
     }
 }
