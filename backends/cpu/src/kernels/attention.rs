@@ -1,13 +1,13 @@
 //! Causal attention of new queries against a KV cache (GQA, sliding window, learned sinks).
 
 use super::elementwise::{axpy_row, exp_sub_sum, max};
-
-mod split;
 use super::quant::decode_row;
 use super::{gemv::block, need, shape_err, SimdLevel};
 use ft_backend::{AttentionDesc, DType, KvPages, Result};
 use rayon::prelude::*;
 use rayon::ThreadPool;
+
+mod split;
 
 /// Below this many score multiply-adds the calling thread does the work alone.
 const PARALLEL_MIN: usize = 1 << 16;

@@ -66,10 +66,12 @@ pub(super) fn attention(pool: &ThreadPool, inp: &Inputs<'_>, out: &mut [f32]) ->
     Ok(())
 }
 
-/// Asks for every line of `bytes` (the next block's rows, all heads), front to back: read
-/// in order they come at the stream rate, where each head's pass alone would meet them as
-/// strided misses.
-fn fetch_ahead(bytes: &[u8]) {
+/// Asks for every line of block `i + 1`'s rows (all heads) in a cache of `row`-byte rows,
+/// front to back: read in order they come at the stream rate, where each head's pass alone
+/// would meet them as strided misses.
+fn fetch_next(blocks: &[(usize, usize, usize)], i: usize, cache: &[u8], row: usize) {
+    let Some(&(_, r, n)) = blocks.get(i + 1) else { return };
+    let bytes = &cache[r * row..][..n * row];
     #[cfg(target_arch = "x86_64")]
     for line in bytes.chunks(64) {
         // SAFETY: a prefetch of an address inside `bytes`; it reads nothing architecturally.
@@ -93,9 +95,7 @@ fn segment(inp: &Inputs<'_>, t: usize, a: usize, b: usize) -> Result<Partial> {
     let mut scores = vec![0f32; heads * rows];
     let k_row = k.dtype.row_bytes(k_stride);
     for (i, &(j, r, n)) in blocks.iter().enumerate() {
-        if let Some(&(_, r2, n2)) = blocks.get(i + 1) {
-            fetch_ahead(&k.bytes[r2 * k_row..][..n2 * k_row]);
-        }
+        fetch_next(&blocks, i, k.bytes, k_row);
         for kvh in 0..kvh_n {
             let k_rows = &k.bytes[k.dtype.row_bytes(r * k_stride + kvh * hd)..];
             let s = &mut scores[kvh * group * rows + (j - a)..];
@@ -112,9 +112,7 @@ fn segment(inp: &Inputs<'_>, t: usize, a: usize, b: usize) -> Result<Partial> {
     let mut o = vec![0f32; heads * vhd];
     let v_row = v.dtype.row_bytes(v_stride);
     for (i, &(j, r, n)) in blocks.iter().enumerate() {
-        if let Some(&(_, r2, n2)) = blocks.get(i + 1) {
-            fetch_ahead(&v.bytes[r2 * v_row..][..n2 * v_row]);
-        }
+        fetch_next(&blocks, i, v.bytes, v_row);
         for kvh in 0..kvh_n {
             let pv = PvRows {
                 p: &scores[kvh * group * rows + (j - a)..],
