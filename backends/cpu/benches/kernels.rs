@@ -13,15 +13,21 @@
 //!    ≥ 256 MiB of cold experts, each whole on one worker: the rate of many short streams.
 //! 3. One thread, a cache-warm matrix, 1, 2, 4, 5, 16, 32 and 64 tokens: GFLOP/s (2·n·k·m per timed call)
 //!    and GB/s, the kernels' compute rate free of pool and memory effects.
+//! 4. Prefill attention alone: the last 512 tokens of a 4,096-token prompt (the default step
+//!    budget's chunk) against the f16 cache, 32 query heads over 4 KV heads of 128, on one
+//!    thread and on all: GFLOP/s counting `2·(head_dim + v_head_dim)` per (query head, key
+//!    seen), median of 5 calls; the path taken (AMX tiles or the pair split; `FT_NO_AMX=1`
+//!    forces the pairs).
 //!
 //! `FT_BENCH_THREADS` sets the worker count (default: the backend's); `FT_BENCH_DTYPES`
-//! (comma-separated names such as `q8_0,q4_k`) limits the rows. Shapes are those of a
+//! (comma-separated names such as `q8_0,q4_k`) limits the rows; `FT_BENCH_PARTS` (comma-separated
+//! part numbers, e.g. `4`) the parts. Shapes are those of a
 //! Qwen3-30B-A3B expert (hidden 2048, expert width 768): gate/up `k=2048 × 768 rows`, down
 //! `k=768 × 2048 rows`, each timed alone (cache-warm), then 8 experts' gate/up/down in turn
 //! and a cold set of as many experts as make ≥ 192 MiB (far beyond L3), so weights stream
 //! from memory.
 
-use ft_backend::{Backend, BufferUsage, DType, DeviceBuffer, MatmulDesc, StreamId};
+use ft_backend::{AttentionDesc, Backend, BufferUsage, DType, DeviceBuffer, MatmulDesc, StreamId};
 use ft_backend_cpu::kernels::Loads;
 use ft_backend_cpu::{CpuBackend, CpuOptions, QuantDot};
 use std::time::Instant;
@@ -80,9 +86,43 @@ fn time(warm: usize, reps: usize, mut f: impl FnMut()) -> f64 {
 }
 
 fn main() {
-    quant_gemv_throughput();
-    long_stream();
-    quant_kernel_rate_single_thread();
+    let parts = std::env::var("FT_BENCH_PARTS").ok();
+    let part = |n: &str| parts.as_deref().is_none_or(|v| v.split(',').any(|p| p.trim() == n));
+    if part("1") {
+        quant_gemv_throughput();
+    }
+    if part("2") {
+        long_stream();
+    }
+    if part("3") {
+        quant_kernel_rate_single_thread();
+    }
+    if part("4") {
+        prefill_attention();
+    }
+}
+
+/// Part 4 of the module docs.
+fn prefill_attention() {
+    let (tokens, kv_len, heads, kv_heads, hd) = (512, 4096, 32, 4, 128);
+    let desc = AttentionDesc { n_tokens: tokens, n_heads: heads, n_kv_heads: kv_heads, head_dim: hd, v_head_dim: hd, kv_len, scale: 1.0 / (hd as f32).sqrt(), window: None };
+    let mut rng = ft_backend::conformance::Rng::new(4);
+    let f16s = |x: Vec<f32>| -> Vec<u8> { x.iter().flat_map(|&v| half::f16::from_f32(v).to_le_bytes()).collect() };
+    let kb = f16s(rng.vec(kv_len * kv_heads * hd, 1.0));
+    let vb = f16s(rng.vec(kv_len * kv_heads * hd, 1.0));
+    let qb: Vec<u8> = rng.vec(tokens * heads * hd, 2.0).iter().flat_map(|v| v.to_le_bytes()).collect();
+    let seen: usize = (0..tokens).map(|t| kv_len - tokens + t + 1).sum();
+    let flops = (2 * (hd + hd) * heads * seen) as f64;
+    let all = std::env::var("FT_BENCH_THREADS").ok().and_then(|v| v.parse().ok()).unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let path = if ft_backend_cpu::kernels::attention::on_tiles(ft_backend_cpu::SimdLevel::Auto, DType::F16, DType::F16, &desc) { "AMX tiles" } else { "pair split" };
+    println!("prefill attention, {tokens} new tokens over a {kv_len}-token f16 cache, {heads} heads / {kv_heads} KV heads × {hd}: {path}");
+    for threads in [1, all] {
+        let b = CpuBackend::new(CpuOptions { threads: Some(threads), ..Default::default() }).expect("backend");
+        let (k, v, q) = (upload(&b, DType::F16, kv_len * kv_heads * hd, &kb), upload(&b, DType::F16, kv_len * kv_heads * hd, &vb), upload(&b, DType::F32, tokens * heads * hd, &qb));
+        let mut out = b.alloc(DType::F32, tokens * heads * hd, BufferUsage::Scratch).expect("alloc");
+        let s = time(1, 5, || b.attention(&q, &k, &v, None, &mut out, &desc).expect("attention"));
+        println!("  {threads} thread(s): {:.1} ms a call, {:.1} GFLOP/s", s * 1e3, flops / s / 1e9);
+    }
 }
 
 /// The plain dtypes and every block-quantized one, as far as `FT_BENCH_DTYPES`

@@ -310,8 +310,8 @@ pub fn rope(b: &dyn Backend) {
 
 /// `attention` with a KV cache of `dtype`: prefill (n > 1, from position 0 and continuing),
 /// decode (n = 1, kv_len > n, capacity > kv_len), GQA and MQA, sliding windows (including 1),
-/// sinks, `v_head_dim != head_dim`, odd head sizes, up to 16 query heads per KV head, and the
-/// head sizes of the supported families up to MLA's 576.
+/// sinks, `v_head_dim != head_dim`, odd head sizes, up to 16 query heads per KV head, the
+/// head sizes of the supported families up to MLA's 576, and prefill chunks of 16+ tokens.
 pub fn attention(b: &dyn Backend, dtype: DType) {
     if !supported(b, Op::Attention, dtype) {
         return;
@@ -338,6 +338,11 @@ pub fn attention(b: &dyn Backend, dtype: DType) {
         (1, 2, 1, 512, 512, 20, 24, None, false),
         (1, 8, 1, 576, 512, 29, 32, None, false),
         (4, 8, 1, 576, 512, 4, 4, None, false),
+        // Prefill chunks of 16+ tokens (the CPU's AMX tile path): from position 0, continuing
+        // a cache with a window and sinks, and MLA's 576 / 512.
+        (24, 8, 2, 64, 64, 24, 24, None, false),
+        (20, 8, 2, 128, 128, 150, 160, Some(64), true),
+        (17, 8, 1, 576, 512, 40, 40, None, false),
         // DeepSeek-V4's decode: 64 query heads on one shared K=V head of 512, its 128 window
         // rows and 512 chosen entries, sinks.
         (1, 64, 1, 512, 512, 640, 640, None, true),

@@ -8,6 +8,8 @@ use rayon::prelude::*;
 use rayon::ThreadPool;
 
 mod split;
+#[cfg(target_arch = "x86_64")]
+mod tiles;
 
 /// Below this many score multiply-adds the calling thread does the work alone.
 const PARALLEL_MIN: usize = 1 << 16;
@@ -111,7 +113,25 @@ pub fn attention(
     if split_positions(k, v, d) {
         return split::attention(pool, &inp, out);
     }
+    #[cfg(target_arch = "x86_64")]
+    if tiles::eligible(level, k.dtype, v.dtype, d) {
+        return tiles::attention(pool, &inp, out);
+    }
     by_pairs(pool, &inp, out)
+}
+
+/// Whether an attention call of `d` over caches of `k` and `v` runs on the AMX tiles (the
+/// prefill path; see `tiles`), as the kernel bench reports.
+pub fn on_tiles(level: SimdLevel, k: DType, v: DType, d: &AttentionDesc) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        tiles::eligible(level, k, v, d) && !split_positions(KvCache { bytes: &[], dtype: k }, KvCache { bytes: &[], dtype: v }, d)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (level, k, v, d);
+        false
+    }
 }
 
 /// What one checked attention call reads.
@@ -350,4 +370,25 @@ fn weighted_values(level: SimdLevel, a: &PvRows<'_>, out: &mut [f32]) -> Result<
         }
     }
     Ok(())
+}
+
+/// What the attention tests share.
+#[cfg(test)]
+mod testing {
+    use ft_backend::DType;
+    use rayon::ThreadPool;
+
+    /// A pool of `threads` workers.
+    pub(super) fn pool(threads: usize) -> ThreadPool {
+        rayon::ThreadPoolBuilder::new().num_threads(threads).build().expect("pool")
+    }
+
+    /// The values `x` as cache bytes of `dtype` (f32, f16, else bf16).
+    pub(super) fn bytes(dtype: DType, x: &[f32]) -> Vec<u8> {
+        match dtype {
+            DType::F32 => bytemuck::cast_slice(x).to_vec(),
+            DType::F16 => x.iter().flat_map(|&v| half::f16::from_f32(v).to_le_bytes()).collect(),
+            _ => x.iter().flat_map(|&v| half::bf16::from_f32(v).to_le_bytes()).collect(),
+        }
+    }
 }

@@ -133,23 +133,11 @@ fn segment(inp: &Inputs<'_>, t: usize, a: usize, b: usize) -> Result<Partial> {
 
 #[cfg(test)]
 mod tests {
+    use super::super::testing::{bytes, pool};
     use super::super::{attention as attend, KvCache};
     use super::*;
     use crate::kernels::SimdLevel;
     use ft_backend::{AttentionDesc, DType, KvPages};
-
-    fn pool(threads: usize) -> ThreadPool {
-        rayon::ThreadPoolBuilder::new().num_threads(threads).build().expect("pool")
-    }
-
-    /// `n` values of `dtype` from `x`, as cache bytes.
-    fn bytes(dtype: DType, x: &[f32]) -> Vec<u8> {
-        match dtype {
-            DType::F32 => bytemuck::cast_slice(x).to_vec(),
-            DType::F16 => x.iter().flat_map(|&v| half::f16::from_f32(v).to_le_bytes()).collect(),
-            _ => x.iter().flat_map(|&v| half::bf16::from_f32(v).to_le_bytes()).collect(),
-        }
-    }
 
     /// The same attention split by pairs (in position order) and by positions (segments
     /// merged): equal within 2e-6 (values are ~1; the merge rescales each segment's sums

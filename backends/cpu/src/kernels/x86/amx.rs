@@ -123,7 +123,7 @@ unsafe fn prepare_avx512(xb: *const u16, n: usize, k: usize, out: *mut u32) {
 /// Transposes 16 rows of 16 32-bit lanes: row `i` lane `j` goes to row `j` lane `i`.
 #[inline]
 #[target_feature(enable = "avx512f")]
-unsafe fn transpose16(r: &mut [std::arch::x86_64::__m512; TILE]) {
+pub(crate) unsafe fn transpose16(r: &mut [std::arch::x86_64::__m512; TILE]) {
     use std::arch::x86_64::*;
     let (lo, hi) = (|a, b| _mm512_unpacklo_ps(a, b), |a, b| _mm512_unpackhi_ps(a, b));
     let pd = |v: __m512| _mm512_castps_pd(v);
@@ -156,9 +156,9 @@ unsafe fn transpose16(r: &mut [std::arch::x86_64::__m512; TILE]) {
 
 /// The 64-byte tile configuration: palette 1, eight tiles of 16 rows × 64 bytes.
 #[repr(C, align(64))]
-struct Config([u8; 64]);
+pub(crate) struct Config(pub(crate) [u8; 64]);
 
-const CONFIG: Config = {
+pub(crate) const CONFIG: Config = {
     let mut b = [0u8; 64];
     b[0] = 1;
     let mut t = 0;

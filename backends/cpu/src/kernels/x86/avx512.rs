@@ -294,7 +294,7 @@ pub(crate) unsafe fn pv(d: u8, g: usize, a: Pv) {
 /// Vector `expf`; see [`expc`]. The clamps take `x` as the second operand so NaN propagates.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
-unsafe fn exp_ps(x: __m512) -> __m512 {
+pub(crate) unsafe fn exp_ps(x: __m512) -> __m512 {
     let x = _mm512_max_ps(
         _mm512_set1_ps(expc::LO),
         _mm512_min_ps(_mm512_set1_ps(expc::HI), x),

@@ -68,6 +68,7 @@ unsafe fn pv_prefetch(a: &Pv, j: usize, slice: usize) {
 
 pub(crate) mod avx2;
 pub(crate) mod amx;
+pub(crate) mod amx_attention;
 pub(crate) mod avx512;
 pub(crate) mod dpbf16;
 pub(crate) mod fp8_bf16;

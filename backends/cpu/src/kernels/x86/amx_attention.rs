@@ -1,0 +1,336 @@
+//! Prefill attention on AMX tiles: 16 queries of one head against blocks of [`KEYS`] keys,
+//! scores and weighted values both in `tdpbf16ps`, the softmax carried across blocks
+//! (flash attention).
+//!
+//! Queries lie along the tile columns, so each query's running maximum and sum are one lane
+//! of a vector and the softmax needs no transposes:
+//! - scores `Sᵀ[key][query]` = keys (16 keys × 32 dims, rows of the bf16 key copy) ·
+//!   query pairs (16 dim pairs × 16 queries);
+//! - values `Oᵀ[dim][query]` += transposed values (16 dims × 32 keys) · weight pairs
+//!   (16 key pairs × 16 queries).
+//!
+//! Every operand is split into two bf16 parts, `x ≈ hi + lo` (hi rounded to nearest, lo the
+//! remainder rounded to nearest), and each product takes three tile products (hi·hi, hi·lo,
+//! lo·hi): within 2⁻¹⁷ of each operand where bf16 alone keeps 2⁻⁹, and f16 cache values
+//! exactly. Prefill attention was re-reading every cached row per query: at 4,096 tokens it
+//! took over half of a prefill at ~14 GFLOP/s a core.
+
+use super::amx::{transpose16, CONFIG, TILE};
+use super::avx512::exp_ps;
+use std::arch::asm;
+use std::arch::x86_64::*;
+
+/// Keys per block: four score tiles, two value steps of 32.
+pub(crate) const KEYS: usize = 64;
+/// Bytes of one tile (16 rows of 64 bytes).
+const TB: usize = 1024;
+/// The upper 16 bits of each 32-bit lane.
+const HI: i32 = 0xFFFF_0000u32 as i32;
+/// Interleaves the two halves of 32 16-bit elements: element `2n` from `n`, `2n + 1` from
+/// `16 + n`.
+static ZIP: [i16; 32] = {
+    let mut z = [0i16; 32];
+    let mut n = 0;
+    while n < 16 {
+        z[2 * n] = n as i16;
+        z[2 * n + 1] = 16 + n as i16;
+        n += 1;
+    }
+    z
+};
+
+/// One query tile's work against one KV head: the copies [`super::super::attention`]'s tile
+/// path made, and the per-head state it carries between blocks.
+pub(crate) struct Task {
+    /// Query pairs per head, `[heads][hd / 32][16 pairs][16 queries]`, hi and lo parts.
+    pub qh: *const u32,
+    pub ql: *const u32,
+    /// Keys, bf16 hi and lo parts, in tiles: `[kp / 16][hd / 32]` tiles of 16 keys × 32 dims.
+    pub kh: *const u16,
+    pub kl: *const u16,
+    /// Values transposed, bf16 hi and lo parts, in tiles: `[kp / 32][vhd / 16]` tiles of 16
+    /// dims × 32 keys.
+    pub vh: *const u16,
+    pub vl: *const u16,
+    /// Key and value head dims.
+    pub hd: usize,
+    pub vhd: usize,
+    /// Query heads sharing the KV head.
+    pub heads: usize,
+    /// Per query lane: the last and first key it sees (lanes in token order).
+    pub pos: [i32; TILE],
+    pub start: [i32; TILE],
+    pub scale: f32,
+    /// Unnormalised values `[heads][vhd][16]`, running maxima and sums `[heads][16]`.
+    pub ot: *mut f32,
+    pub m: *mut f32,
+    pub l: *mut f32,
+    /// Scratch: scores `[KEYS][16]` f32 and weight pairs `[2 (hi, lo)][2 steps][16][16]`.
+    pub st: *mut f32,
+    pub pt: *mut u32,
+}
+
+/// Runs key blocks `b0..b1` of `t` for every head (state starts at `m = −∞`, `l = 0`,
+/// `ot = 0`, set by the caller).
+///
+/// # Safety
+/// AMX ([`super::amx::available`]), AVX-512 and its BF16 conversions; every pointer covers the layout [`Task`]
+/// states, `hd` a multiple of 32, `vhd` of 64, the copies hold `b1 · KEYS` keys.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16,avx2,fma,f16c")]
+pub(crate) unsafe fn run(t: &Task, b0: usize, b1: usize) {
+    asm!("ldtilecfg [{}]", in(reg) CONFIG.0.as_ptr(), options(nostack, readonly));
+    // Lanes are in token order, so lane 0 sees the fewest keys at the top and the last lane
+    // the fewest at the bottom.
+    let (pos_min, start_max) = (t.pos[0] as usize, t.start[TILE - 1] as usize);
+    for b in b0..b1 {
+        let key0 = b * KEYS;
+        let masked = key0 + KEYS - 1 > pos_min || key0 < start_max;
+        for g in 0..t.heads {
+            scores(t, g, key0);
+            weights(t, g, key0, masked);
+            values(t, g, key0);
+        }
+    }
+    asm!("tilerelease", options(nostack, nomem));
+}
+
+/// `st = Sᵀ` for head `g` and keys `key0..key0 + 64`.
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn scores(t: &Task, g: usize, key0: usize) {
+    let steps = t.hd / 32;
+    let (qh, ql) = ((t.qh as *const u8).add(g * steps * TB), (t.ql as *const u8).add(g * steps * TB));
+    // Key tile `kt` of the block, step `s`: 1 KiB at `((key0 / 16 + kt)·steps + s)·1 KiB`.
+    let at = key0 / TILE * steps * TB;
+    let (kh, kl) = ((t.kh as *const u8).add(at), (t.kl as *const u8).add(at));
+    asm!("tilezero tmm4", "tilezero tmm5", "tilezero tmm6", "tilezero tmm7", options(nostack, nomem));
+    for s in 0..steps {
+        asm!(
+            "tileloadd tmm0, [{qa} + {s64}*1]",
+            "tileloadd tmm1, [{qb} + {s64}*1]",
+            "tileloadd tmm2, [{h} + {ks}*1]",
+            "tileloadd tmm3, [{l} + {ks}*1]",
+            "tdpbf16ps tmm4, tmm2, tmm0",
+            "tdpbf16ps tmm4, tmm2, tmm1",
+            "tdpbf16ps tmm4, tmm3, tmm0",
+            "add {h}, {off}",
+            "add {l}, {off}",
+            "tileloadd tmm2, [{h} + {ks}*1]",
+            "tileloadd tmm3, [{l} + {ks}*1]",
+            "tdpbf16ps tmm5, tmm2, tmm0",
+            "tdpbf16ps tmm5, tmm2, tmm1",
+            "tdpbf16ps tmm5, tmm3, tmm0",
+            "add {h}, {off}",
+            "add {l}, {off}",
+            "tileloadd tmm2, [{h} + {ks}*1]",
+            "tileloadd tmm3, [{l} + {ks}*1]",
+            "tdpbf16ps tmm6, tmm2, tmm0",
+            "tdpbf16ps tmm6, tmm2, tmm1",
+            "tdpbf16ps tmm6, tmm3, tmm0",
+            "add {h}, {off}",
+            "add {l}, {off}",
+            "tileloadd tmm2, [{h} + {ks}*1]",
+            "tileloadd tmm3, [{l} + {ks}*1]",
+            "tdpbf16ps tmm7, tmm2, tmm0",
+            "tdpbf16ps tmm7, tmm2, tmm1",
+            "tdpbf16ps tmm7, tmm3, tmm0",
+            qa = in(reg) qh.add(s * TB),
+            qb = in(reg) ql.add(s * TB),
+            h = inout(reg) kh.add(s * TB) => _,
+            l = inout(reg) kl.add(s * TB) => _,
+            ks = in(reg) 64usize,
+            off = in(reg) steps * TB,
+            s64 = in(reg) 64usize,
+            options(nostack, readonly)
+        );
+    }
+    asm!(
+        "tilestored [{p} + {s64}*1], tmm4",
+        "add {p}, {tb}",
+        "tilestored [{p} + {s64}*1], tmm5",
+        "add {p}, {tb}",
+        "tilestored [{p} + {s64}*1], tmm6",
+        "add {p}, {tb}",
+        "tilestored [{p} + {s64}*1], tmm7",
+        p = inout(reg) t.st => _,
+        s64 = in(reg) 64usize,
+        tb = in(reg) TB,
+        options(nostack)
+    );
+}
+
+/// Softmax step of head `g` over the scores in `st`: masks keys a query does not see,
+/// raises the running maximum (rescaling the sum and values where it moved), and writes the
+/// weights `exp(s − max)` as hi and lo pairs to `pt`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16,avx2,fma,f16c")]
+unsafe fn weights(t: &Task, g: usize, key0: usize, masked: bool) {
+    let neg = _mm512_set1_ps(f32::NEG_INFINITY);
+    let scale = _mm512_set1_ps(t.scale);
+    let (pos, start) = (_mm512_loadu_si512(t.pos.as_ptr() as *const _), _mm512_loadu_si512(t.start.as_ptr() as *const _));
+    let mut bm = neg;
+    for j in 0..KEYS {
+        let p = t.st.add(j * TILE);
+        let mut x = _mm512_mul_ps(_mm512_loadu_ps(p), scale);
+        if masked {
+            let key = _mm512_set1_epi32((key0 + j) as i32);
+            let seen = _mm512_cmpge_epi32_mask(key, start) & _mm512_cmple_epi32_mask(key, pos);
+            x = _mm512_mask_mov_ps(neg, seen, x);
+        }
+        _mm512_storeu_ps(p, x);
+        bm = _mm512_max_ps(bm, x);
+    }
+    let (mp, lp) = (t.m.add(g * TILE), t.l.add(g * TILE));
+    let old = _mm512_loadu_ps(mp);
+    let new = _mm512_max_ps(old, bm);
+    // Where no key has been seen yet the maximum is −∞; subtract 0 there instead (every
+    // weight is then 0).
+    let sub = _mm512_mask_mov_ps(new, _mm512_cmp_ps_mask::<_CMP_EQ_OQ>(new, neg), _mm512_setzero_ps());
+    let mut l = _mm512_loadu_ps(lp);
+    if _mm512_cmp_ps_mask::<_CMP_NEQ_OQ>(new, old) != 0 {
+        let alpha = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask::<_CMP_NEQ_OQ>(old, neg), exp_ps(_mm512_sub_ps(old, sub)));
+        l = _mm512_mul_ps(l, alpha);
+        let ot = t.ot.add(g * t.vhd * TILE);
+        for r in 0..t.vhd {
+            let p = ot.add(r * TILE);
+            _mm512_storeu_ps(p, _mm512_mul_ps(_mm512_loadu_ps(p), alpha));
+        }
+        _mm512_storeu_ps(mp, new);
+    }
+    let hi = _mm512_set1_epi32(HI);
+    let zip = _mm512_loadu_si512(ZIP.as_ptr() as *const _);
+    // Two vectors of weights as bf16 pairs, rounded to nearest: element n holds (e[n], o[n]).
+    let pairs = |e: __m512, o: __m512| _mm512_permutexvar_epi16(zip, std::mem::transmute::<__m512bh, __m512i>(_mm512_cvtne2ps_pbh(o, e)));
+    let mut sum = _mm512_setzero_ps();
+    for j in (0..KEYS).step_by(2) {
+        let (xe, xo) = (_mm512_loadu_ps(t.st.add(j * TILE)), _mm512_loadu_ps(t.st.add((j + 1) * TILE)));
+        let (mut e, mut o) = (exp_ps(_mm512_sub_ps(xe, sub)), exp_ps(_mm512_sub_ps(xo, sub)));
+        if masked {
+            e = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask::<_CMP_NEQ_OQ>(xe, neg), e);
+            o = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask::<_CMP_NEQ_OQ>(xo, neg), o);
+        }
+        sum = _mm512_add_ps(sum, _mm512_add_ps(e, o));
+        let h = pairs(e, o);
+        let (eh, oh) = (_mm512_castsi512_ps(_mm512_slli_epi32::<16>(h)), _mm512_castsi512_ps(_mm512_and_si512(h, hi)));
+        let l = pairs(_mm512_sub_ps(e, eh), _mm512_sub_ps(o, oh));
+        // Row `p` of step `j / 32`: the pair (key j, key j + 1) of every query, key j low.
+        let row = (j / 32) * TILE * TILE + (j % 32 / 2) * TILE;
+        _mm512_storeu_si512(t.pt.add(row) as *mut _, h);
+        _mm512_storeu_si512(t.pt.add(2 * TILE * TILE + row) as *mut _, l);
+    }
+    _mm512_storeu_ps(lp, _mm512_add_ps(l, sum));
+}
+
+/// `Oᵀ += Vᵀ · Pᵀ` for head `g` and keys `key0..key0 + 64`, four dim tiles at a time.
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn values(t: &Task, g: usize, key0: usize) {
+    let dtiles = t.vhd / TILE;
+    let ot = (t.ot as *mut u8).add(g * t.vhd * TILE * 4);
+    let (ph, pl) = (t.pt as *const u8, (t.pt as *const u8).add(2 * TB));
+    for dg in 0..t.vhd / 64 {
+        let o = ot.add(dg * 4 * TB);
+        asm!(
+            "tileloadd tmm4, [{p} + {s64}*1]",
+            "add {p}, {tb}",
+            "tileloadd tmm5, [{p} + {s64}*1]",
+            "add {p}, {tb}",
+            "tileloadd tmm6, [{p} + {s64}*1]",
+            "add {p}, {tb}",
+            "tileloadd tmm7, [{p} + {s64}*1]",
+            p = inout(reg) o => _,
+            s64 = in(reg) 64usize,
+            tb = in(reg) TB,
+            options(nostack, readonly)
+        );
+        for s in 0..2 {
+            // Value tile (32 keys from `key0 + 32·s`, dims `16·dt ..`): 1 KiB at
+            // `((key0 / 32 + s)·dtiles + dt)·1 KiB`.
+            let at = ((key0 / 32 + s) * dtiles + dg * 4) * TB;
+            asm!(
+                "tileloadd tmm0, [{pa} + {s64}*1]",
+                "tileloadd tmm1, [{pb} + {s64}*1]",
+                "tileloadd tmm2, [{h} + {vs}*1]",
+                "tileloadd tmm3, [{l} + {vs}*1]",
+                "tdpbf16ps tmm4, tmm2, tmm0",
+                "tdpbf16ps tmm4, tmm2, tmm1",
+                "tdpbf16ps tmm4, tmm3, tmm0",
+                "add {h}, {off}",
+                "add {l}, {off}",
+                "tileloadd tmm2, [{h} + {vs}*1]",
+                "tileloadd tmm3, [{l} + {vs}*1]",
+                "tdpbf16ps tmm5, tmm2, tmm0",
+                "tdpbf16ps tmm5, tmm2, tmm1",
+                "tdpbf16ps tmm5, tmm3, tmm0",
+                "add {h}, {off}",
+                "add {l}, {off}",
+                "tileloadd tmm2, [{h} + {vs}*1]",
+                "tileloadd tmm3, [{l} + {vs}*1]",
+                "tdpbf16ps tmm6, tmm2, tmm0",
+                "tdpbf16ps tmm6, tmm2, tmm1",
+                "tdpbf16ps tmm6, tmm3, tmm0",
+                "add {h}, {off}",
+                "add {l}, {off}",
+                "tileloadd tmm2, [{h} + {vs}*1]",
+                "tileloadd tmm3, [{l} + {vs}*1]",
+                "tdpbf16ps tmm7, tmm2, tmm0",
+                "tdpbf16ps tmm7, tmm2, tmm1",
+                "tdpbf16ps tmm7, tmm3, tmm0",
+                pa = in(reg) ph.add(s * TB),
+                pb = in(reg) pl.add(s * TB),
+                h = inout(reg) (t.vh as *const u8).add(at) => _,
+                l = inout(reg) (t.vl as *const u8).add(at) => _,
+                vs = in(reg) 64usize,
+                off = in(reg) TB,
+                s64 = in(reg) 64usize,
+                options(nostack, readonly)
+            );
+        }
+        asm!(
+            "tilestored [{p} + {s64}*1], tmm4",
+            "add {p}, {tb}",
+            "tilestored [{p} + {s64}*1], tmm5",
+            "add {p}, {tb}",
+            "tilestored [{p} + {s64}*1], tmm6",
+            "add {p}, {tb}",
+            "tilestored [{p} + {s64}*1], tmm7",
+            p = inout(reg) o => _,
+            s64 = in(reg) 64usize,
+            tb = in(reg) TB,
+            options(nostack)
+        );
+    }
+}
+
+/// Writes head `g`'s normalised values for the first `valid` queries: query `n`'s row at
+/// `out + n·os` (`vhd` values), with the head's sink (if any) in the denominator.
+///
+/// # Safety
+/// AVX-512; `t.ot`, `t.m`, `t.l` as after [`run`]; `out` covers `(valid − 1)·os + vhd`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+pub(crate) unsafe fn finish(t: &Task, g: usize, sink: Option<f32>, out: *mut f32, os: usize, valid: usize) {
+    let neg = _mm512_set1_ps(f32::NEG_INFINITY);
+    let (m, l) = (_mm512_loadu_ps(t.m.add(g * TILE)), _mm512_loadu_ps(t.l.add(g * TILE)));
+    // A query that saw no key (l = 0) gets zeros, as the reference's empty sum.
+    let f = match sink {
+        Some(s) => {
+            let s = _mm512_set1_ps(s);
+            let top = _mm512_max_ps(m, s);
+            let fac = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask::<_CMP_NEQ_OQ>(m, neg), exp_ps(_mm512_sub_ps(m, top)));
+            let den = _mm512_fmadd_ps(l, fac, exp_ps(_mm512_sub_ps(s, top)));
+            _mm512_maskz_div_ps(_mm512_cmp_ps_mask::<_CMP_GT_OQ>(l, _mm512_setzero_ps()), fac, den)
+        }
+        None => _mm512_maskz_div_ps(_mm512_cmp_ps_mask::<_CMP_GT_OQ>(l, _mm512_setzero_ps()), _mm512_set1_ps(1.0), l),
+    };
+    let ot = t.ot.add(g * t.vhd * TILE);
+    for dt in 0..t.vhd / TILE {
+        let mut r = [_mm512_setzero_ps(); TILE];
+        for (i, v) in r.iter_mut().enumerate() {
+            *v = _mm512_mul_ps(_mm512_loadu_ps(ot.add((dt * TILE + i) * TILE)), f);
+        }
+        transpose16(&mut r);
+        for (n, v) in r.iter().enumerate().take(valid) {
+            _mm512_storeu_ps(out.add(n * os + dt * TILE), *v);
+        }
+    }
+}
