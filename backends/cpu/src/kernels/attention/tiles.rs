@@ -21,6 +21,9 @@ use rayon::ThreadPool;
 pub(super) const MIN_TOKENS: usize = 16;
 /// Queries per tile.
 const TILE: usize = 16;
+/// Query tiles per task: the tiles of a task meet each block of the cache copies together,
+/// so it streams from memory once for 64 tokens rather than for each 16.
+const GROUP: usize = 4;
 
 /// Whether `d` runs on the tiles: AMX and AVX-512 BF16 are there (AMX granted), at least
 /// [`MIN_TOKENS`] new tokens, key heads of whole 32-value steps and value heads of whole
@@ -113,13 +116,19 @@ impl<T: Copy + Default> Lines<T> {
     }
 }
 
-/// A task's buffers, reused by the tasks one worker runs.
-struct Scratch {
+/// One query tile's buffers: query pairs (hi, lo), unnormalised values, maxima and sums.
+struct TileState {
     qh: Lines<u32>,
     ql: Lines<u32>,
     ot: Lines<f32>,
     m: Vec<f32>,
     l: Vec<f32>,
+}
+
+/// A task's buffers, reused by the tasks one worker runs: its tiles' and the block scratch
+/// they share (scores, weight pairs).
+struct Scratch {
+    tiles: Vec<TileState>,
     st: Lines<f32>,
     pt: Lines<u32>,
 }
@@ -164,20 +173,25 @@ pub(super) fn attention(pool: &ThreadPool, inp: &Inputs<'_>, out: &mut [f32]) ->
     let o = Out(out.as_mut_ptr());
     let (kh, kl, vh, vl) = (kh.get(), kl.get(), vh.get(), vl.get());
     let scratch = || Scratch {
-        qh: Lines::new(group * steps * TILE * TILE),
-        ql: Lines::new(group * steps * TILE * TILE),
-        ot: Lines::new(group * vhd * TILE),
-        m: vec![0.0; group * TILE],
-        l: vec![0.0; group * TILE],
+        tiles: (0..GROUP)
+            .map(|_| TileState {
+                qh: Lines::new(group * steps * TILE * TILE),
+                ql: Lines::new(group * steps * TILE * TILE),
+                ot: Lines::new(group * vhd * TILE),
+                m: vec![0.0; group * TILE],
+                l: vec![0.0; group * TILE],
+            })
+            .collect(),
         st: Lines::new(KEYS * TILE),
         pt: Lines::new(4 * TILE * TILE),
     };
+    let groups = tiles.div_ceil(GROUP);
     pool.install(|| {
         // The last tiles see the most keys: they go first.
-        (0..tiles * nkv).into_par_iter().with_max_len(1).for_each_init(scratch, |s, i| {
-            let (tau, h) = (tiles - 1 - i / nkv, i % nkv);
+        (0..groups * nkv).into_par_iter().with_max_len(1).for_each_init(scratch, |s, i| {
+            let (first, h) = ((groups - 1 - i / nkv) * GROUP, i % nkv);
             let heads = HeadCopies { kh: &kh[h * per_k..][..per_k], kl: &kl[h * per_k..][..per_k], vh: &vh[h * per_v..][..per_v], vl: &vl[h * per_v..][..per_v], kp };
-            tile(inp, &heads, s, tau, h, o);
+            run_tiles(inp, &heads, s, first..(first + GROUP).min(tiles), h, o);
         })
     });
     Ok(())
@@ -192,8 +206,33 @@ struct HeadCopies<'a> {
     kp: usize,
 }
 
-/// Tokens `16·tau ..` of KV head `h`'s query heads into `o`.
-fn tile(inp: &Inputs<'_>, c: &HeadCopies<'_>, s: &mut Scratch, tau: usize, h: usize, o: Out) {
+/// Query tiles `tiles` (tokens `16·tau ..` each) of KV head `h`'s query heads into `o`.
+fn run_tiles(inp: &Inputs<'_>, c: &HeadCopies<'_>, s: &mut Scratch, tiles: std::ops::Range<usize>, h: usize, o: Out) {
+    let d = inp.d;
+    let group = d.n_heads / d.n_kv_heads;
+    let (st, pt) = (s.st.get_mut().as_mut_ptr(), s.pt.get_mut().as_mut_ptr());
+    let tasks: Vec<Task> = tiles.clone().zip(&mut s.tiles).map(|(tau, ts)| task(inp, c, ts, tau, h, st, pt)).collect();
+    let os = d.n_heads * d.v_head_dim;
+    // SAFETY: `eligible` confirmed AMX, AVX-512 (BF16) and the head dims; the copies hold
+    // `kp ≥ b1·KEYS` keys of this head and the scratch the sizes `Task` states; the output
+    // rows of each tile's tokens, heads h·group..(h + 1)·group, lie inside `out` (checked by
+    // the caller) and belong to this task alone.
+    unsafe {
+        run(&tasks);
+        for (tau, t) in tiles.zip(&tasks) {
+            let t0 = tau * TILE;
+            let valid = (d.n_tokens - t0).min(TILE);
+            for g in 0..group {
+                let sink = inp.sinks.map(|x| x[h * group + g]);
+                finish(t, g, sink, o.0.add((t0 * d.n_heads + h * group + g) * d.v_head_dim), os, valid);
+            }
+        }
+    }
+}
+
+/// Query tile `tau` of KV head `h`: its query pairs and fresh state in `ts`, its positions
+/// and key blocks, as a [`Task`] sharing the block scratch `st`, `pt`.
+fn task(inp: &Inputs<'_>, c: &HeadCopies<'_>, ts: &mut TileState, tau: usize, h: usize, st: *mut f32, pt: *mut u32) -> Task {
     let d = inp.d;
     let (hd, vhd) = (d.head_dim, d.v_head_dim);
     let group = d.n_heads / d.n_kv_heads;
@@ -206,7 +245,7 @@ fn tile(inp: &Inputs<'_>, c: &HeadCopies<'_>, s: &mut Scratch, tau: usize, h: us
         let (a, b) = inp.seen(t0 + n.min(valid - 1));
         (start[n], pos[n]) = (a as i32, b as i32 - 1);
     }
-    let (qh, ql) = (s.qh.get_mut(), s.ql.get_mut());
+    let (qh, ql) = (ts.qh.get_mut(), ts.ql.get_mut());
     if valid < TILE {
         qh.fill(0);
         ql.fill(0);
@@ -222,12 +261,16 @@ fn tile(inp: &Inputs<'_>, c: &HeadCopies<'_>, s: &mut Scratch, tau: usize, h: us
             }
         }
     }
-    s.ot.get_mut().fill(0.0);
-    s.m.fill(f32::NEG_INFINITY);
-    s.l.fill(0.0);
-    let t = Task {
-        qh: s.qh.get().as_ptr(),
-        ql: s.ql.get().as_ptr(),
+    ts.ot.get_mut().fill(0.0);
+    ts.m.fill(f32::NEG_INFINITY);
+    ts.l.fill(0.0);
+    // Lane 0 sees the earliest key, the last lane the latest; a window may start past its
+    // end (nothing seen: one block, all masked).
+    let b0 = (start[0].max(0) as usize / KEYS).min(c.kp / KEYS - 1);
+    let b1 = (pos[TILE - 1].max(0) as usize / KEYS + 1).max(b0 + 1);
+    Task {
+        qh: ts.qh.get().as_ptr(),
+        ql: ts.ql.get().as_ptr(),
         kh: c.kh.as_ptr(),
         kl: c.kl.as_ptr(),
         vh: c.vh.as_ptr(),
@@ -237,28 +280,14 @@ fn tile(inp: &Inputs<'_>, c: &HeadCopies<'_>, s: &mut Scratch, tau: usize, h: us
         heads: group,
         pos,
         start,
+        b0,
+        b1,
         scale: d.scale,
-        ot: s.ot.get_mut().as_mut_ptr(),
-        m: s.m.as_mut_ptr(),
-        l: s.l.as_mut_ptr(),
-        st: s.st.get_mut().as_mut_ptr(),
-        pt: s.pt.get_mut().as_mut_ptr(),
-    };
-    // Lane 0 sees the earliest key, the last lane the latest; a window may start past
-    // its end (nothing seen: one block, all masked).
-    let b0 = (start[0].max(0) as usize / KEYS).min(c.kp / KEYS - 1);
-    let b1 = (pos[TILE - 1].max(0) as usize / KEYS + 1).max(b0 + 1);
-    let os = d.n_heads * vhd;
-    // SAFETY: `eligible` confirmed AMX and AVX-512 and the head dims; the copies hold
-    // `kp ≥ b1·KEYS` keys of this head and the scratch the sizes `Task` states; the output
-    // rows of tokens t0..t0 + valid, heads h·group..(h + 1)·group lie inside `out`
-    // (checked by the caller) and belong to this task alone.
-    unsafe {
-        run(&t, b0, b1);
-        for g in 0..group {
-            let sink = inp.sinks.map(|x| x[h * group + g]);
-            finish(&t, g, sink, o.0.add((t0 * d.n_heads + h * group + g) * vhd), os, valid);
-        }
+        ot: ts.ot.get_mut().as_mut_ptr(),
+        m: ts.m.as_mut_ptr(),
+        l: ts.l.as_mut_ptr(),
+        st,
+        pt,
     }
 }
 

@@ -60,6 +60,9 @@ pub(crate) struct Task {
     /// Per query lane: the last and first key it sees (lanes in token order).
     pub pos: [i32; TILE],
     pub start: [i32; TILE],
+    /// The key blocks the tile sees.
+    pub b0: usize,
+    pub b1: usize,
     pub scale: f32,
     /// Unnormalised values `[heads][vhd][16]`, running maxima and sums `[heads][16]`.
     pub ot: *mut f32,
@@ -70,25 +73,30 @@ pub(crate) struct Task {
     pub pt: *mut u32,
 }
 
-/// Runs key blocks `b0..b1` of `t` for every head (state starts at `m = −∞`, `l = 0`,
-/// `ot = 0`, set by the caller).
+/// Runs every task's key blocks `b0..b1` for every head, block by block, each block for all
+/// the tasks that see it (their state starts at `m = −∞`, `l = 0`, `ot = 0`, set by the
+/// caller): tasks of neighbouring query tiles share each block's keys and values while they
+/// are in L2, instead of each task streaming the whole cache copy.
 ///
 /// # Safety
-/// AMX ([`super::amx::available`]), AVX-512 and its BF16 conversions; every pointer covers the layout [`Task`]
-/// states, `hd` a multiple of 32, `vhd` of 64, the copies hold `b1 · KEYS` keys.
+/// AMX ([`super::amx::available`]), AVX-512 and its BF16 conversions; every pointer covers the
+/// layout [`Task`] states, `hd` a multiple of 32, `vhd` of 64, the copies hold `b1 · KEYS` keys.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16,avx2,fma,f16c")]
-pub(crate) unsafe fn run(t: &Task, b0: usize, b1: usize) {
+pub(crate) unsafe fn run(tasks: &[Task]) {
     asm!("ldtilecfg [{}]", in(reg) CONFIG.0.as_ptr(), options(nostack, readonly));
-    // Lanes are in token order, so lane 0 sees the fewest keys at the top and the last lane
-    // the fewest at the bottom.
-    let (pos_min, start_max) = (t.pos[0] as usize, t.start[TILE - 1] as usize);
-    for b in b0..b1 {
+    let first = tasks.iter().map(|t| t.b0).min().unwrap_or(0);
+    let end = tasks.iter().map(|t| t.b1).max().unwrap_or(0);
+    for b in first..end {
         let key0 = b * KEYS;
-        let masked = key0 + KEYS - 1 > pos_min || key0 < start_max;
-        for g in 0..t.heads {
-            scores(t, g, key0);
-            weights(t, g, key0, masked);
-            values(t, g, key0);
+        for t in tasks.iter().filter(|t| (t.b0..t.b1).contains(&b)) {
+            // Lanes are in token order, so lane 0 sees the fewest keys at the top and the
+            // last lane the fewest at the bottom.
+            let masked = key0 + KEYS - 1 > t.pos[0] as usize || key0 < t.start[TILE - 1] as usize;
+            for g in 0..t.heads {
+                scores(t, g, key0);
+                weights(t, g, key0, masked);
+                values(t, g, key0);
+            }
         }
     }
     asm!("tilerelease", options(nostack, nomem));
