@@ -80,7 +80,7 @@ pub(crate) struct Task {
 ///
 /// # Safety
 /// AMX ([`super::amx::available`]), AVX-512 and its BF16 conversions; every pointer covers the
-/// layout [`Task`] states, `hd` a multiple of 32, `vhd` of 64, the copies hold `b1 · KEYS` keys.
+/// layout [`Task`] states, `hd` a multiple of 32, `vhd` of 16, the copies hold `b1 · KEYS` keys.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16,avx2,fma,f16c")]
 pub(crate) unsafe fn run(tasks: &[Task]) {
     asm!("ldtilecfg [{}]", in(reg) CONFIG.0.as_ptr(), options(nostack, readonly));
@@ -236,7 +236,7 @@ unsafe fn values(t: &Task, g: usize, key0: usize) {
     let dtiles = t.vhd / TILE;
     let ot = (t.ot as *mut u8).add(g * t.vhd * TILE * 4);
     let (ph, pl) = (t.pt as *const u8, (t.pt as *const u8).add(2 * TB));
-    for dg in 0..t.vhd / 64 {
+    for dg in 0..dtiles / 4 {
         let o = ot.add(dg * 4 * TB);
         asm!(
             "tileloadd tmm4, [{p} + {s64}*1]",
@@ -308,6 +308,30 @@ unsafe fn values(t: &Task, g: usize, key0: usize) {
             options(nostack)
         );
     }
+    // Value heads of 16·(4i + 1..3) dims: the last tiles one at a time.
+    for dt in dtiles / 4 * 4..dtiles {
+        let o = ot.add(dt * TB);
+        asm!("tileloadd tmm4, [{p} + {s64}*1]", p = in(reg) o, s64 = in(reg) 64usize, options(nostack, readonly));
+        for s in 0..2 {
+            let at = ((key0 / 32 + s) * dtiles + dt) * TB;
+            asm!(
+                "tileloadd tmm0, [{pa} + {s64}*1]",
+                "tileloadd tmm1, [{pb} + {s64}*1]",
+                "tileloadd tmm2, [{h} + {s64}*1]",
+                "tileloadd tmm3, [{l} + {s64}*1]",
+                "tdpbf16ps tmm4, tmm2, tmm0",
+                "tdpbf16ps tmm4, tmm2, tmm1",
+                "tdpbf16ps tmm4, tmm3, tmm0",
+                pa = in(reg) ph.add(s * TB),
+                pb = in(reg) pl.add(s * TB),
+                h = in(reg) (t.vh as *const u8).add(at),
+                l = in(reg) (t.vl as *const u8).add(at),
+                s64 = in(reg) 64usize,
+                options(nostack, readonly)
+            );
+        }
+        asm!("tilestored [{p} + {s64}*1], tmm4", p = in(reg) o, s64 = in(reg) 64usize, options(nostack));
+    }
 }
 
 /// Writes head `g`'s normalised values for the first `valid` queries: query `n`'s row at
@@ -339,6 +363,60 @@ pub(crate) unsafe fn finish(t: &Task, g: usize, sink: Option<f32>, out: *mut f32
         transpose16(&mut r);
         for (n, v) in r.iter().enumerate().take(valid) {
             _mm512_storeu_ps(out.add(n * os + dt * TILE), *v);
+        }
+    }
+}
+
+/// 16 values as bf16 parts `hi`, `lo`, each rounded to nearest.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
+unsafe fn halves16(x: __m512) -> (__m256i, __m256i) {
+    let h: __m256i = std::mem::transmute(_mm512_cvtneps_pbh(x));
+    let back = _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(h)));
+    (h, std::mem::transmute::<__m256bh, __m256i>(_mm512_cvtneps_pbh(_mm512_sub_ps(x, back))))
+}
+
+/// 32 keys' rows (`kb`: 32 rows of `hd` f32) into their tiles, hi and lo parts: `hi` and
+/// `lo` are the two tiles of 16 keys for each 32-dim step (`32·hd` values).
+///
+/// # Safety
+/// AVX-512 with BF16; `hd` a multiple of 32, `kb`, `hi` and `lo` at least `32·hd` long.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
+pub(crate) unsafe fn split_keys(kb: &[f32], hd: usize, hi: &mut [u16], lo: &mut [u16]) {
+    let steps = hd / 32;
+    for i in 0..32 {
+        for s in 0..steps {
+            // Key i: row i % 16 of tile (i / 16, s).
+            let at = ((i / TILE * steps + s) * TILE + i % TILE) * 32;
+            for half in 0..2 {
+                let (h, l) = halves16(_mm512_loadu_ps(kb.as_ptr().add(i * hd + s * 32 + half * 16)));
+                _mm256_storeu_si256(hi.as_mut_ptr().add(at + half * 16) as *mut __m256i, h);
+                _mm256_storeu_si256(lo.as_mut_ptr().add(at + half * 16) as *mut __m256i, l);
+            }
+        }
+    }
+}
+
+/// 32 keys' value rows (`vb`: 32 rows of `vhd` f32) transposed into their tiles, hi and lo
+/// parts: dim `e` of key `i` at `e·32 + i` (the tiles of 16 dims × 32 keys, in dim order).
+///
+/// # Safety
+/// AVX-512 with BF16; `vhd` a multiple of 16, `vb`, `hi` and `lo` at least `32·vhd` long.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
+pub(crate) unsafe fn split_values(vb: &[f32], vhd: usize, hi: &mut [u16], lo: &mut [u16]) {
+    for dt in 0..vhd / TILE {
+        for half in 0..2 {
+            let mut r = [_mm512_setzero_ps(); TILE];
+            for (k, v) in r.iter_mut().enumerate() {
+                *v = _mm512_loadu_ps(vb.as_ptr().add((half * TILE + k) * vhd + dt * TILE));
+            }
+            transpose16(&mut r);
+            for (e, v) in r.iter().enumerate() {
+                let (h, l) = halves16(*v);
+                let at = (dt * TILE + e) * 32 + half * TILE;
+                _mm256_storeu_si256(hi.as_mut_ptr().add(at) as *mut __m256i, h);
+                _mm256_storeu_si256(lo.as_mut_ptr().add(at) as *mut __m256i, l);
+            }
         }
     }
 }
