@@ -80,7 +80,7 @@ pub(crate) struct Task {
 ///
 /// # Safety
 /// AMX ([`super::amx::available`]), AVX-512 and its BF16 conversions; every pointer covers the
-/// layout [`Task`] states, `hd` a multiple of 32, `vhd` of 16, the copies hold `b1 · KEYS` keys.
+/// layout [`Task`] states, `hd` a multiple of 32, `vhd` of 64, the copies hold `b1 · KEYS` keys.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16,avx2,fma,f16c")]
 pub(crate) unsafe fn run(tasks: &[Task]) {
     asm!("ldtilecfg [{}]", in(reg) CONFIG.0.as_ptr(), options(nostack, readonly));
@@ -307,30 +307,6 @@ unsafe fn values(t: &Task, g: usize, key0: usize) {
             tb = in(reg) TB,
             options(nostack)
         );
-    }
-    // Value heads of 16·(4i + 1..3) dims: the last tiles one at a time.
-    for dt in dtiles / 4 * 4..dtiles {
-        let o = ot.add(dt * TB);
-        asm!("tileloadd tmm4, [{p} + {s64}*1]", p = in(reg) o, s64 = in(reg) 64usize, options(nostack, readonly));
-        for s in 0..2 {
-            let at = ((key0 / 32 + s) * dtiles + dt) * TB;
-            asm!(
-                "tileloadd tmm0, [{pa} + {s64}*1]",
-                "tileloadd tmm1, [{pb} + {s64}*1]",
-                "tileloadd tmm2, [{h} + {s64}*1]",
-                "tileloadd tmm3, [{l} + {s64}*1]",
-                "tdpbf16ps tmm4, tmm2, tmm0",
-                "tdpbf16ps tmm4, tmm2, tmm1",
-                "tdpbf16ps tmm4, tmm3, tmm0",
-                pa = in(reg) ph.add(s * TB),
-                pb = in(reg) pl.add(s * TB),
-                h = in(reg) (t.vh as *const u8).add(at),
-                l = in(reg) (t.vl as *const u8).add(at),
-                s64 = in(reg) 64usize,
-                options(nostack, readonly)
-            );
-        }
-        asm!("tilestored [{p} + {s64}*1], tmm4", p = in(reg) o, s64 = in(reg) 64usize, options(nostack));
     }
 }
 
