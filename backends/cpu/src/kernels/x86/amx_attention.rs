@@ -113,58 +113,88 @@ unsafe fn scores(t: &Task, g: usize, key0: usize) {
     let (kh, kl) = ((t.kh as *const u8).add(at), (t.kl as *const u8).add(at));
     asm!("tilezero tmm4", "tilezero tmm5", "tilezero tmm6", "tilezero tmm7", options(nostack, nomem));
     for s in 0..steps {
+        products4(qh.add(s * TB), ql.add(s * TB), kh.add(s * TB), kl.add(s * TB), steps * TB);
+    }
+    sums4(t.st as *mut u8, true);
+}
+
+/// `tmm(4 + i) += A_i · B` for `i < 4` in three tile products each (hi·hi, hi·lo, lo·hi):
+/// `B` the tiles at `bh`, `bl`, `A_i` those at `ah + i·next`, `al + i·next` (hi, lo parts;
+/// rows of 64 bytes, one after another).
+#[inline(always)]
+unsafe fn products4(bh: *const u8, bl: *const u8, ah: *const u8, al: *const u8, next: usize) {
+    asm!(
+        "tileloadd tmm0, [{bh} + {s64}*1]",
+        "tileloadd tmm1, [{bl} + {s64}*1]",
+        "tileloadd tmm2, [{h} + {s64}*1]",
+        "tileloadd tmm3, [{l} + {s64}*1]",
+        "tdpbf16ps tmm4, tmm2, tmm0",
+        "tdpbf16ps tmm4, tmm2, tmm1",
+        "tdpbf16ps tmm4, tmm3, tmm0",
+        "add {h}, {next}",
+        "add {l}, {next}",
+        "tileloadd tmm2, [{h} + {s64}*1]",
+        "tileloadd tmm3, [{l} + {s64}*1]",
+        "tdpbf16ps tmm5, tmm2, tmm0",
+        "tdpbf16ps tmm5, tmm2, tmm1",
+        "tdpbf16ps tmm5, tmm3, tmm0",
+        "add {h}, {next}",
+        "add {l}, {next}",
+        "tileloadd tmm2, [{h} + {s64}*1]",
+        "tileloadd tmm3, [{l} + {s64}*1]",
+        "tdpbf16ps tmm6, tmm2, tmm0",
+        "tdpbf16ps tmm6, tmm2, tmm1",
+        "tdpbf16ps tmm6, tmm3, tmm0",
+        "add {h}, {next}",
+        "add {l}, {next}",
+        "tileloadd tmm2, [{h} + {s64}*1]",
+        "tileloadd tmm3, [{l} + {s64}*1]",
+        "tdpbf16ps tmm7, tmm2, tmm0",
+        "tdpbf16ps tmm7, tmm2, tmm1",
+        "tdpbf16ps tmm7, tmm3, tmm0",
+        bh = in(reg) bh,
+        bl = in(reg) bl,
+        h = inout(reg) ah => _,
+        l = inout(reg) al => _,
+        next = in(reg) next,
+        s64 = in(reg) 64usize,
+        options(nostack, readonly)
+    );
+}
+
+/// Stores the sums tiles `tmm4..tmm7` to four consecutive tiles at `p` (`store`), or loads
+/// them from there.
+#[inline(always)]
+unsafe fn sums4(p: *mut u8, store: bool) {
+    if store {
         asm!(
-            "tileloadd tmm0, [{qa} + {s64}*1]",
-            "tileloadd tmm1, [{qb} + {s64}*1]",
-            "tileloadd tmm2, [{h} + {ks}*1]",
-            "tileloadd tmm3, [{l} + {ks}*1]",
-            "tdpbf16ps tmm4, tmm2, tmm0",
-            "tdpbf16ps tmm4, tmm2, tmm1",
-            "tdpbf16ps tmm4, tmm3, tmm0",
-            "add {h}, {off}",
-            "add {l}, {off}",
-            "tileloadd tmm2, [{h} + {ks}*1]",
-            "tileloadd tmm3, [{l} + {ks}*1]",
-            "tdpbf16ps tmm5, tmm2, tmm0",
-            "tdpbf16ps tmm5, tmm2, tmm1",
-            "tdpbf16ps tmm5, tmm3, tmm0",
-            "add {h}, {off}",
-            "add {l}, {off}",
-            "tileloadd tmm2, [{h} + {ks}*1]",
-            "tileloadd tmm3, [{l} + {ks}*1]",
-            "tdpbf16ps tmm6, tmm2, tmm0",
-            "tdpbf16ps tmm6, tmm2, tmm1",
-            "tdpbf16ps tmm6, tmm3, tmm0",
-            "add {h}, {off}",
-            "add {l}, {off}",
-            "tileloadd tmm2, [{h} + {ks}*1]",
-            "tileloadd tmm3, [{l} + {ks}*1]",
-            "tdpbf16ps tmm7, tmm2, tmm0",
-            "tdpbf16ps tmm7, tmm2, tmm1",
-            "tdpbf16ps tmm7, tmm3, tmm0",
-            qa = in(reg) qh.add(s * TB),
-            qb = in(reg) ql.add(s * TB),
-            h = inout(reg) kh.add(s * TB) => _,
-            l = inout(reg) kl.add(s * TB) => _,
-            ks = in(reg) 64usize,
-            off = in(reg) steps * TB,
+            "tilestored [{p} + {s64}*1], tmm4",
+            "add {p}, {tb}",
+            "tilestored [{p} + {s64}*1], tmm5",
+            "add {p}, {tb}",
+            "tilestored [{p} + {s64}*1], tmm6",
+            "add {p}, {tb}",
+            "tilestored [{p} + {s64}*1], tmm7",
+            p = inout(reg) p => _,
             s64 = in(reg) 64usize,
+            tb = in(reg) TB,
+            options(nostack)
+        );
+    } else {
+        asm!(
+            "tileloadd tmm4, [{p} + {s64}*1]",
+            "add {p}, {tb}",
+            "tileloadd tmm5, [{p} + {s64}*1]",
+            "add {p}, {tb}",
+            "tileloadd tmm6, [{p} + {s64}*1]",
+            "add {p}, {tb}",
+            "tileloadd tmm7, [{p} + {s64}*1]",
+            p = inout(reg) p => _,
+            s64 = in(reg) 64usize,
+            tb = in(reg) TB,
             options(nostack, readonly)
         );
     }
-    asm!(
-        "tilestored [{p} + {s64}*1], tmm4",
-        "add {p}, {tb}",
-        "tilestored [{p} + {s64}*1], tmm5",
-        "add {p}, {tb}",
-        "tilestored [{p} + {s64}*1], tmm6",
-        "add {p}, {tb}",
-        "tilestored [{p} + {s64}*1], tmm7",
-        p = inout(reg) t.st => _,
-        s64 = in(reg) 64usize,
-        tb = in(reg) TB,
-        options(nostack)
-    );
 }
 
 /// Softmax step of head `g` over the scores in `st`: masks keys a query does not see,
@@ -238,75 +268,14 @@ unsafe fn values(t: &Task, g: usize, key0: usize) {
     let (ph, pl) = (t.pt as *const u8, (t.pt as *const u8).add(2 * TB));
     for dg in 0..dtiles / 4 {
         let o = ot.add(dg * 4 * TB);
-        asm!(
-            "tileloadd tmm4, [{p} + {s64}*1]",
-            "add {p}, {tb}",
-            "tileloadd tmm5, [{p} + {s64}*1]",
-            "add {p}, {tb}",
-            "tileloadd tmm6, [{p} + {s64}*1]",
-            "add {p}, {tb}",
-            "tileloadd tmm7, [{p} + {s64}*1]",
-            p = inout(reg) o => _,
-            s64 = in(reg) 64usize,
-            tb = in(reg) TB,
-            options(nostack, readonly)
-        );
+        sums4(o, false);
         for s in 0..2 {
             // Value tile (32 keys from `key0 + 32·s`, dims `16·dt ..`): 1 KiB at
             // `((key0 / 32 + s)·dtiles + dt)·1 KiB`.
             let at = ((key0 / 32 + s) * dtiles + dg * 4) * TB;
-            asm!(
-                "tileloadd tmm0, [{pa} + {s64}*1]",
-                "tileloadd tmm1, [{pb} + {s64}*1]",
-                "tileloadd tmm2, [{h} + {vs}*1]",
-                "tileloadd tmm3, [{l} + {vs}*1]",
-                "tdpbf16ps tmm4, tmm2, tmm0",
-                "tdpbf16ps tmm4, tmm2, tmm1",
-                "tdpbf16ps tmm4, tmm3, tmm0",
-                "add {h}, {off}",
-                "add {l}, {off}",
-                "tileloadd tmm2, [{h} + {vs}*1]",
-                "tileloadd tmm3, [{l} + {vs}*1]",
-                "tdpbf16ps tmm5, tmm2, tmm0",
-                "tdpbf16ps tmm5, tmm2, tmm1",
-                "tdpbf16ps tmm5, tmm3, tmm0",
-                "add {h}, {off}",
-                "add {l}, {off}",
-                "tileloadd tmm2, [{h} + {vs}*1]",
-                "tileloadd tmm3, [{l} + {vs}*1]",
-                "tdpbf16ps tmm6, tmm2, tmm0",
-                "tdpbf16ps tmm6, tmm2, tmm1",
-                "tdpbf16ps tmm6, tmm3, tmm0",
-                "add {h}, {off}",
-                "add {l}, {off}",
-                "tileloadd tmm2, [{h} + {vs}*1]",
-                "tileloadd tmm3, [{l} + {vs}*1]",
-                "tdpbf16ps tmm7, tmm2, tmm0",
-                "tdpbf16ps tmm7, tmm2, tmm1",
-                "tdpbf16ps tmm7, tmm3, tmm0",
-                pa = in(reg) ph.add(s * TB),
-                pb = in(reg) pl.add(s * TB),
-                h = inout(reg) (t.vh as *const u8).add(at) => _,
-                l = inout(reg) (t.vl as *const u8).add(at) => _,
-                vs = in(reg) 64usize,
-                off = in(reg) TB,
-                s64 = in(reg) 64usize,
-                options(nostack, readonly)
-            );
+            products4(ph.add(s * TB), pl.add(s * TB), (t.vh as *const u8).add(at), (t.vl as *const u8).add(at), TB);
         }
-        asm!(
-            "tilestored [{p} + {s64}*1], tmm4",
-            "add {p}, {tb}",
-            "tilestored [{p} + {s64}*1], tmm5",
-            "add {p}, {tb}",
-            "tilestored [{p} + {s64}*1], tmm6",
-            "add {p}, {tb}",
-            "tilestored [{p} + {s64}*1], tmm7",
-            p = inout(reg) o => _,
-            s64 = in(reg) 64usize,
-            tb = in(reg) TB,
-            options(nostack)
-        );
+        sums4(o, true);
     }
 }
 
