@@ -5,6 +5,7 @@
 //! (checked by `SimdLevel::effective`), and the pointers cover the ranges the arguments
 //! describe.
 
+use super::qdot::prefetch_offset;
 use super::{esize, expc, scalar_at, store, Pv, Tile, BF16, F16, F32};
 use std::arch::x86_64::*;
 
@@ -36,27 +37,49 @@ unsafe fn hsum(v: __m256) -> f32 {
     _mm_cvtss_f32(s)
 }
 
+/// One 8-value step of [`tile_tr`] at position `p`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn tile_step<const T: usize, const R: usize, const D: u8>(a: &Tile, acc: &mut [[__m256; R]; T], p: usize) {
+    let es = esize(D);
+    let mut wv = [_mm256_setzero_ps(); R];
+    for (r, v) in wv.iter_mut().enumerate() {
+        *v = load::<D>(a.w.add(r * a.wsb + p * es));
+    }
+    for (t, row) in acc.iter_mut().enumerate() {
+        let xv = _mm256_loadu_ps(a.x.add(t * a.xs + p));
+        for (r, s) in row.iter_mut().enumerate() {
+            *s = _mm256_fmadd_ps(xv, wv[r], *s);
+        }
+    }
+}
+
+/// `T` tokens × `R` rows, each row summed in one accumulator front to back (so a token's
+/// sums do not depend on how many tokens share the pass). A step reads one cache line of
+/// bf16/f16 per row (32 values, four vectors) and prefetches one line per row: prefetching
+/// every 8 values asked for each line four times.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn tile_tr<const T: usize, const R: usize, const D: u8>(a: Tile) {
     let es = esize(D);
     let mut acc = [[_mm256_setzero_ps(); R]; T];
     let mut p = 0;
-    while p + 8 <= a.k {
-        let mut wv = [_mm256_setzero_ps(); R];
-        for (r, v) in wv.iter_mut().enumerate() {
-            let wp = a.w.add(r * a.wsb + p * es);
-            if a.prefetch {
+    while p + 32 <= a.k {
+        if a.prefetch {
+            for r in 0..R {
                 // See the AVX-512 kernels: hardware prefetch alone under-uses the memory bus.
-                super::prefetch(wp.wrapping_add(1024) as *const u8);
-            }
-            *v = load::<D>(wp);
-        }
-        for (t, row) in acc.iter_mut().enumerate() {
-            let xv = _mm256_loadu_ps(a.x.add(t * a.xs + p));
-            for (r, s) in row.iter_mut().enumerate() {
-                *s = _mm256_fmadd_ps(xv, wv[r], *s);
+                let wp = a.w.add(r * a.wsb + p * es);
+                for line in (0..32 * es).step_by(64) {
+                    super::prefetch(wp.wrapping_add(prefetch_offset::<R>(a.wsb, p * es) + line));
+                }
             }
         }
+        for q in (p..p + 32).step_by(8) {
+            tile_step::<T, R, D>(&a, &mut acc, q);
+        }
+        p += 32;
+    }
+    while p + 8 <= a.k {
+        tile_step::<T, R, D>(&a, &mut acc, p);
         p += 8;
     }
     for (t, row) in acc.iter().enumerate() {
