@@ -208,7 +208,7 @@ fn grouped_prefill_equals_each_token_alone() {
     let mut rng = Rng::new(0x9a7);
     let grouped: Vec<DType> = DType::QUANTIZED.into_iter().filter(|&d| in_groups(SimdLevel::Auto, QuantDot::Int8, d, 5, 5 * d.block_elems())).collect();
     if grouped.is_empty() {
-        println!("skipped: this CPU runs no type's fused kernels in groups (needs AVX-512)");
+        println!("skipped: this CPU runs no type's fused kernels in groups (needs AVX2)");
         return;
     }
     for dtype in grouped {

@@ -7,7 +7,7 @@ use crate::kernels::{shape_err, SimdLevel};
 use ft_backend::{DType, Result};
 
 /// Whether products of any token count run the fused kernels a few tokens at a time
-/// (reduced-precision activations allowed by `dot`, on AVX-512): FP8 against bf16 activations
+/// (reduced-precision activations allowed by `dot`): on AVX-512, FP8 against bf16 activations
 /// (with AVX-512 BF16 and VBMI), and the types whose int8 kernel takes 4 tokens faster than a
 /// bf16 tile takes a prefill. A token's products are then the same alone, in a batch and in
 /// a prefill. One thread, cache-warm `2048 × 768`, GFLOP/s at 64 tokens, the int8 kernel in
@@ -19,12 +19,20 @@ use ft_backend::{DType, Result};
 /// tokens of `k` takes the AMX tiles ([`crate::kernels::gemv::amx_tiles`]) and has at least
 /// [`crate::kernels::x86::amx::quant_min_tokens`], every type goes to them instead (up to 3×
 /// these kernels' rate at 512 tokens): the integer types dequantized to bf16, FP8 as unscaled
-/// codes with its weights exact (`x86::fp8_tiles`).
+/// codes with its weights exact (`x86::fp8_tiles`). On AVX2 alone (`vpmaddubsw`, Zen 3) the
+/// alternative is f32 tiles over weights decoded to f32; one thread, same shape, int8 at 4
+/// tokens against the f32 tiles at 64: Q4_K 84 / 56, Q5_K 65 / 51, Q4_0 66 / 58, Q8_0 68 /
+/// 61 go in groups; Q6_K 60 / 59, NVFP4 64 / 60 and MXFP4 53 / 58 keep the tiles.
 pub(crate) fn in_groups(level: SimdLevel, dot: QuantDot, dtype: DType, n: usize, k: usize) -> bool {
     #[cfg(target_arch = "x86_64")]
     {
-        if dot != QuantDot::Int8 || level.effective() != SimdLevel::Avx512 {
+        if dot != QuantDot::Int8 {
             return false;
+        }
+        match level.effective() {
+            SimdLevel::Avx512 => {}
+            SimdLevel::Avx2 => return matches!(dtype, DType::Q4K | DType::Q5K | DType::Q4_0 | DType::Q8_0 | DType::Mxfp4),
+            SimdLevel::Scalar | SimdLevel::Auto => return false,
         }
         if n >= crate::kernels::x86::amx::quant_min_tokens(dtype) && crate::kernels::gemv::amx_tiles(level, dot, n, k) {
             return false;

@@ -548,8 +548,7 @@ unsafe fn q4_k_blk<D: Dot, const R: usize, const N: usize>(
             let j = 2 * c as i32;
             let pick = _mm256_setr_epi32(j, j, j, j, j + 1, j + 1, j + 1, j + 1);
             for t in 0..N {
-                let dot = D::dot_u(x0, lda(q[t], 64 * c));
-                let dot = D::dot_u_acc(dot, x1, lda(q[t], 64 * c + 32));
+                let dot = D::dot_u2(x0, lda(q[t], 64 * c), x1, lda(q[t], 64 * c + 32));
                 let sv = permps(s[t], pick);
                 acc[r][t][c & 1] = _mm256_fmadd_ps(cvt(dot), sv, acc[r][t][c & 1]);
             }

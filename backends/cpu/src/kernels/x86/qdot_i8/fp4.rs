@@ -53,8 +53,7 @@ unsafe fn e2m1_nibbles(v: __m256i) -> [__m256i; 4] {
 /// activations at `q` (each code's sign moved onto its activation).
 #[inline(always)]
 unsafe fn e2m1_dot<D: Dot>(c: &[__m256i; 4], q: *const i8) -> __m256i {
-    let dot = D::dot_u(c[1], _mm256_sign_epi8(lda(q, 0), c[0]));
-    D::dot_u_acc(dot, c[3], _mm256_sign_epi8(lda(q, 32), c[2]))
+    D::dot_u2(c[1], _mm256_sign_epi8(lda(q, 0), c[0]), c[3], _mm256_sign_epi8(lda(q, 32), c[2]))
 }
 
 /// Lanes 0 and 1 of `v` spread over lanes 0..4 and 4..8.
