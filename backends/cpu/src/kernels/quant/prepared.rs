@@ -6,7 +6,11 @@ use super::{check_weights, QuantDot};
 use crate::kernels::{shape_err, SimdLevel};
 use ft_backend::{DType, Result};
 
-/// Whether products of any token count run the fused kernels a few tokens at a time
+/// Products of this many tokens or more of Q6_K and NVFP4 take the f32 tiles on AVX2 alone
+/// (see [`in_groups`]): from 32 tokens the tiles are as fast as the int8 kernels (52–60 GFLOP/s).
+const AVX2_TILES_FROM: usize = 32;
+
+/// Whether products of `n` tokens run the fused kernels a few tokens at a time
 /// (reduced-precision activations allowed by `dot`): on AVX-512, FP8 against bf16 activations
 /// (with AVX-512 BF16 and VBMI), and the types whose int8 kernel takes 4 tokens faster than a
 /// bf16 tile takes a prefill. A token's products are then the same alone, in a batch and in
@@ -21,8 +25,11 @@ use ft_backend::{DType, Result};
 /// these kernels' rate at 512 tokens): the integer types dequantized to bf16, FP8 as unscaled
 /// codes with its weights exact (`x86::fp8_tiles`). On AVX2 alone (`vpmaddubsw`, Zen 3) the
 /// alternative is f32 tiles over weights decoded to f32; one thread, same shape, int8 at 4
-/// tokens against the f32 tiles at 64: Q4_K 84 / 56, Q5_K 65 / 51, Q4_0 66 / 58, Q8_0 68 /
-/// 61 go in groups; Q6_K 60 / 59, NVFP4 64 / 60 and MXFP4 53 / 58 keep the tiles.
+/// tokens against the f32 tiles at 64: Q4_K 90 / 56, Q5_K 65 / 51, Q4_0 66 / 58, Q8_0 68 /
+/// 61 go in groups, and MXFP4 (67 / 58 with [`crate::kernels::x86::qdot_i8`]'s 16-bit pair
+/// sums); Q6_K 59 / 59 and NVFP4 56 / 58 go in groups only below [`AVX2_TILES_FROM`] tokens,
+/// where a chunk of rows decoded to f32 serves too few tokens (5 tokens: 21 and 20; 16
+/// tokens: Q6_K 43), so their batched decode steps keep a token's bits but a prefill does not.
 pub(crate) fn in_groups(level: SimdLevel, dot: QuantDot, dtype: DType, n: usize, k: usize) -> bool {
     #[cfg(target_arch = "x86_64")]
     {
@@ -31,7 +38,13 @@ pub(crate) fn in_groups(level: SimdLevel, dot: QuantDot, dtype: DType, n: usize,
         }
         match level.effective() {
             SimdLevel::Avx512 => {}
-            SimdLevel::Avx2 => return matches!(dtype, DType::Q4K | DType::Q5K | DType::Q4_0 | DType::Q8_0 | DType::Mxfp4),
+            SimdLevel::Avx2 => {
+                return match dtype {
+                    DType::Q4K | DType::Q5K | DType::Q4_0 | DType::Q8_0 | DType::Mxfp4 => true,
+                    DType::Q6K | DType::Nvfp4 => n < AVX2_TILES_FROM,
+                    _ => false,
+                }
+            }
             SimdLevel::Scalar | SimdLevel::Auto => return false,
         }
         if n >= crate::kernels::x86::amx::quant_min_tokens(dtype) && crate::kernels::gemv::amx_tiles(level, dot, n, k) {
