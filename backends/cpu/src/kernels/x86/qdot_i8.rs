@@ -14,7 +14,9 @@
 //!   [`super::qdot`]), so only the code term carries the activation rounding.
 //!
 //! Integer sums cannot overflow: `|q| ≤ 63` (Q6_K) or `≤ 128` against `|a| ≤ 127` keeps each
-//! `vpmaddubsw` pair below 2¹⁵ (MXFP4's 512-bit kernel, on `vpdpbusd` alone, has no pairs).
+//! `vpmaddubsw` pair below 2¹⁵ (MXFP4's 512-bit kernel, on `vpdpbusd` alone, has no pairs);
+//! codes of at most 31 keep two pairs' sum below it too, so [`Dot::dot_u2`] adds them in 16
+//! bits before widening.
 //!
 //! Safety contract of [`run`]: the CPU has AVX2, FMA and F16C, and the [`Job`] pointers cover
 //! `blocks` whole blocks per row for every row and token asked for.

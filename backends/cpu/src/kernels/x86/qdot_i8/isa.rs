@@ -322,4 +322,38 @@ mod tests {
             }
         }
     }
+
+    /// `vpmaddubsw`'s 16-bit sum of two pair sums: at the bound it is documented for (codes 31
+    /// against ±127 everywhere) and on random codes below it, the i32 sums of the bytes.
+    #[test]
+    fn madd_pair_sums_add_in_16_bits_without_saturating() {
+        if !std::arch::is_x86_feature_detected!("avx2") {
+            eprintln!("skipped: this CPU has no AVX2");
+            return;
+        }
+        let mut rng = Rng::new(0x2d2);
+        let mut cases: Vec<[[u8; 32]; 4]> = vec![[[31; 32], [127; 32], [31; 32], [127; 32]], [[31; 32], [0x81; 32], [31; 32], [0x81; 32]]];
+        for _ in 0..2_000 {
+            let mut c = [[0u8; 32]; 4];
+            for (j, v) in c.iter_mut().enumerate() {
+                for b in v.iter_mut() {
+                    let r = rng.next_u64() as u8;
+                    // Codes 0..=31; activations -127..=127.
+                    *b = if j % 2 == 0 { r & 31 } else { (r % 255).wrapping_sub(127) };
+                }
+            }
+            cases.push(c);
+        }
+        for [u0, i0, u1, i1] in cases {
+            let want: Vec<i32> = (0..8)
+                .map(|l| (4 * l..4 * l + 4).map(|b| u0[b] as i32 * i0[b] as i8 as i32 + u1[b] as i32 * i1[b] as i8 as i32).sum())
+                .collect();
+            // SAFETY: AVX2 is present (checked above); the loads read the 32-byte arrays.
+            let got = unsafe {
+                let ld = |v: &[u8; 32]| _mm256_loadu_si256(v.as_ptr() as *const __m256i);
+                std::mem::transmute::<__m256i, [i32; 8]>(Madd::dot_u2(ld(&u0), ld(&i0), ld(&u1), ld(&i1)))
+            };
+            assert_eq!(got.to_vec(), want, "codes {u0:?} {u1:?}");
+        }
+    }
 }
