@@ -375,8 +375,104 @@ fn weighted_values(level: SimdLevel, a: &PvRows<'_>, out: &mut [f32]) -> Result<
 /// What the attention tests share.
 #[cfg(test)]
 mod testing {
-    use ft_backend::DType;
+    use super::{attention as attend, by_pairs, Inputs, KvCache};
+    use crate::kernels::SimdLevel;
+    use ft_backend::{AttentionDesc, DType, KvPages, Result};
     use rayon::ThreadPool;
+
+    /// A test shape: the cache's dtype, heads, key and value dims, cached rows, new tokens,
+    /// window, whether the heads have sinks and the cache lies in shuffled pages.
+    pub(super) struct Shape {
+        pub dtype: DType,
+        pub heads: usize,
+        pub kv_heads: usize,
+        pub hd: usize,
+        pub vhd: usize,
+        pub kv_len: usize,
+        pub tokens: usize,
+        pub window: Option<usize>,
+        pub sinks: bool,
+        pub paged: bool,
+    }
+
+    /// Random queries, caches and sinks of a [`Shape`], the pages in a shuffled order inside a
+    /// pool with room to spare (so runs break) when it is paged.
+    pub(super) struct Case {
+        s: Shape,
+        page_rows: usize,
+        table: Vec<u32>,
+        kc: Vec<u8>,
+        vc: Vec<u8>,
+        q: Vec<f32>,
+        sink: Vec<f32>,
+        runs: Vec<(usize, usize, usize)>,
+        pub d: AttentionDesc,
+    }
+
+    impl Case {
+        /// Values in ±1, queries in ±`q_amp`, sinks in ±`sink_amp`, scores scaled by
+        /// `scale / √head_dim`, all drawn from `seed`.
+        pub(super) fn new(s: Shape, seed: u64, page_rows: usize, q_amp: f32, sink_amp: f32, scale: f32) -> Case {
+            let mut rng = ft_backend::conformance::Rng::new(seed);
+            let pages = s.kv_len.div_ceil(page_rows);
+            let table: Vec<u32> = (0..pages as u32).map(|p| (p * 7 + 3) % (pages as u32 + 5)).collect();
+            let capacity = if s.paged { (pages + 5) * page_rows } else { s.kv_len };
+            let kc = bytes(s.dtype, &rng.vec(capacity * s.kv_heads * s.hd, 1.0));
+            let vc = bytes(s.dtype, &rng.vec(capacity * s.kv_heads * s.vhd, 1.0));
+            let q = rng.vec(s.tokens * s.heads * s.hd, q_amp);
+            let sink = rng.vec(s.heads, sink_amp);
+            let d = AttentionDesc {
+                n_tokens: s.tokens,
+                n_heads: s.heads,
+                n_kv_heads: s.kv_heads,
+                head_dim: s.hd,
+                v_head_dim: s.vhd,
+                kv_len: s.kv_len,
+                scale: scale / (s.hd as f32).sqrt(),
+                window: s.window,
+            };
+            let runs = if s.paged { KvPages { table: &table, page_rows }.runs(0, s.kv_len).expect("runs") } else { vec![(0, 0, s.kv_len)] };
+            Case { s, page_rows, table, kc, vc, q, sink, runs, d }
+        }
+
+        /// The shape, for assertion messages.
+        pub(super) fn what(&self) -> String {
+            let s = &self.s;
+            format!(
+                "{} {}/{}×{}/{} kv {} t {} {:?} sinks {} paged {}",
+                s.dtype, s.heads, s.kv_heads, s.hd, s.vhd, s.kv_len, s.tokens, s.window, s.sinks, s.paged
+            )
+        }
+
+        /// `kernel`'s output on 1 and on 3 threads, the same bits, and within `tol` of the
+        /// pair split; the public entry gives the same bits too (it takes `kernel` for this
+        /// shape). Returns the largest difference from the pair split.
+        pub(super) fn against_pairs(&self, kernel: impl Fn(&ThreadPool, &Inputs<'_>, &mut [f32]) -> Result<()>, tol: f32) -> f32 {
+            let what = self.what();
+            let (k, v) = (KvCache { bytes: &self.kc, dtype: self.s.dtype }, KvCache { bytes: &self.vc, dtype: self.s.dtype });
+            let sinks = self.s.sinks.then_some(&self.sink[..]);
+            let inp = Inputs { level: SimdLevel::Auto, q: &self.q, k, v, runs: &self.runs, sinks, d: &self.d };
+            let n = self.s.tokens * self.s.heads * self.s.vhd;
+            let mut pairs = vec![0f32; n];
+            by_pairs(&pool(2), &inp, &mut pairs).expect("pairs");
+            let mut got = [vec![f32::NAN; n], vec![f32::NAN; n]];
+            for (threads, out) in [1, 3].into_iter().zip(&mut got) {
+                kernel(&pool(threads), &inp, out).expect("kernel");
+            }
+            let same = |a: &[f32], b: &[f32]| a.iter().zip(b).all(|(a, b)| a.to_bits() == b.to_bits());
+            assert!(same(&got[0], &got[1]), "{what}: one thread and three");
+            let mut worst = 0f32;
+            for (i, (a, b)) in got[0].iter().zip(&pairs).enumerate() {
+                assert!((a - b).abs() <= tol, "{what}: value {i}: {a} vs {b}");
+                worst = worst.max((a - b).abs());
+            }
+            let pages = KvPages { table: &self.table, page_rows: self.page_rows };
+            let mut via = vec![0f32; n];
+            attend(&pool(2), SimdLevel::Auto, &self.q, k, v, self.s.paged.then_some(&pages), sinks, &mut via, &self.d).expect("attention");
+            assert!(same(&via, &got[0]), "{what}: kernels::attention takes the kernel under test");
+            worst
+        }
+    }
 
     /// A pool of `threads` workers.
     pub(super) fn pool(threads: usize) -> ThreadPool {

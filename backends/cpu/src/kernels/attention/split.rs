@@ -133,47 +133,18 @@ fn segment(inp: &Inputs<'_>, t: usize, a: usize, b: usize) -> Result<Partial> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::testing::{bytes, pool};
-    use super::super::{attention as attend, KvCache};
+    use super::super::testing::{Case, Shape};
+    use super::super::KvCache;
     use super::*;
-    use crate::kernels::SimdLevel;
-    use ft_backend::{AttentionDesc, DType, KvPages};
+    use ft_backend::{AttentionDesc, DType};
 
     /// The same attention split by pairs (in position order) and by positions (segments
     /// merged): equal within 2e-6 (values are ~1; the merge rescales each segment's sums
     /// once); and split by positions, the same bits on one thread and on three.
     #[allow(clippy::too_many_arguments)]
     fn check(dtype: DType, heads: usize, kv_heads: usize, dim: usize, kv_len: usize, tokens: usize, window: Option<usize>, sinks: bool, paged: bool) {
-        let mut rng = ft_backend::conformance::Rng::new(kv_len as u64 + tokens as u64);
-        let page_rows = 64;
-        let pages = kv_len.div_ceil(page_rows);
-        // Pages in a shuffled order inside a pool with room to spare, so runs break.
-        let table: Vec<u32> = (0..pages as u32).map(|p| (p * 7 + 3) % (pages as u32 + 5)).collect();
-        let capacity = if paged { (pages + 5) * page_rows } else { kv_len };
-        let (kc, vc) = (bytes(dtype, &rng.vec(capacity * kv_heads * dim, 1.0)), bytes(dtype, &rng.vec(capacity * kv_heads * dim, 1.0)));
-        let q = rng.vec(tokens * heads * dim, 1.0);
-        let sink: Vec<f32> = rng.vec(heads, 2.0);
-        let d = AttentionDesc { n_tokens: tokens, n_heads: heads, n_kv_heads: kv_heads, head_dim: dim, v_head_dim: dim, kv_len, scale: 0.5 / (dim as f32).sqrt(), window };
-        let (k, v) = (KvCache { bytes: &kc, dtype }, KvCache { bytes: &vc, dtype });
-        let p = KvPages { table: &table, page_rows };
-        let runs = if paged { p.runs(0, kv_len).expect("runs") } else { vec![(0, 0, kv_len)] };
-        let sinks = sinks.then_some(&sink[..]);
-        let what = format!("{dtype} {heads}/{kv_heads}×{dim} kv {kv_len} t {tokens} {window:?} sinks {} paged {paged}", sinks.is_some());
-        let mut pairs = vec![0f32; tokens * heads * dim];
-        let inp = Inputs { level: SimdLevel::Auto, q: &q, k, v, runs: &runs, sinks, d: &d };
-        super::super::by_pairs(&pool(2), &inp, &mut pairs).expect("pairs");
-        let mut split = [vec![0f32; tokens * heads * dim], vec![0f32; tokens * heads * dim]];
-        for (threads, out) in [1, 3].into_iter().zip(&mut split) {
-            attention(&pool(threads), &inp, out).expect("split");
-        }
-        assert_eq!(split[0], split[1], "{what}: one thread and three");
-        for (i, (a, b)) in split[0].iter().zip(&pairs).enumerate() {
-            assert!((a - b).abs() <= 2e-6, "{what}: value {i}: {a} vs {b}");
-        }
-        // The public entry takes this path for these shapes.
-        let mut via = vec![0f32; tokens * heads * dim];
-        attend(&pool(2), SimdLevel::Auto, &q, k, v, paged.then_some(&p), sinks, &mut via, &d).expect("attention");
-        assert_eq!(via, split[0], "{what}: kernels::attention splits by positions");
+        let shape = Shape { dtype, heads, kv_heads, hd: dim, vhd: dim, kv_len, tokens, window, sinks, paged };
+        Case::new(shape, kv_len as u64 + tokens as u64, 64, 1.0, 2.0, 0.5).against_pairs(attention, 2e-6);
     }
 
     #[test]

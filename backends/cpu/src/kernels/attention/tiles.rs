@@ -300,49 +300,17 @@ fn task(inp: &Inputs<'_>, c: &HeadCopies<'_>, ts: &mut TileState, tau: usize, h:
 
 #[cfg(test)]
 mod tests {
-    use super::super::testing::{bytes, pool};
-    use super::super::{attention as attend, by_pairs, KvCache};
+    use super::super::testing::{Case, Shape};
     use super::*;
-    use ft_backend::KvPages;
 
     /// One shape on the tiles against the pair split (f32 sums of f32 products, pages in
     /// order): equal within `TOL`, and the same bits on one thread and on three.
     #[allow(clippy::too_many_arguments)]
     fn check(dtype: DType, heads: usize, kv_heads: usize, hd: usize, vhd: usize, kv_len: usize, tokens: usize, window: Option<usize>, sinks: bool, paged: bool) -> f32 {
-        let mut rng = ft_backend::conformance::Rng::new((kv_len * 31 + tokens) as u64);
-        let page_rows = 16;
-        let pages = kv_len.div_ceil(page_rows);
-        let table: Vec<u32> = (0..pages as u32).map(|p| (p * 7 + 3) % (pages as u32 + 5)).collect();
-        let capacity = if paged { (pages + 5) * page_rows } else { kv_len };
-        let kc = bytes(dtype, &rng.vec(capacity * kv_heads * hd, 1.0));
-        let vc = bytes(dtype, &rng.vec(capacity * kv_heads * vhd, 1.0));
-        let q = rng.vec(tokens * heads * hd, 2.0);
-        let sink = rng.vec(heads, 3.0);
-        let d = AttentionDesc { n_tokens: tokens, n_heads: heads, n_kv_heads: kv_heads, head_dim: hd, v_head_dim: vhd, kv_len, scale: 1.0 / (hd as f32).sqrt(), window };
-        let (k, v) = (KvCache { bytes: &kc, dtype }, KvCache { bytes: &vc, dtype });
-        let p = KvPages { table: &table, page_rows };
-        let runs = if paged { p.runs(0, kv_len).expect("runs") } else { vec![(0, 0, kv_len)] };
-        let sinks = sinks.then_some(&sink[..]);
-        let what = format!("{dtype} {heads}/{kv_heads}×{hd}/{vhd} kv {kv_len} t {tokens} {window:?} sinks {} paged {paged}", sinks.is_some());
-        assert!(eligible(SimdLevel::Auto, dtype, dtype, &d), "{what}: eligible");
-        let n = tokens * heads * vhd;
-        let mut pairs = vec![0f32; n];
-        let inp = Inputs { level: SimdLevel::Auto, q: &q, k, v, runs: &runs, sinks, d: &d };
-        by_pairs(&pool(2), &inp, &mut pairs).expect("pairs");
-        let mut tiled = [vec![f32::NAN; n], vec![f32::NAN; n]];
-        for (threads, out) in [1, 3].into_iter().zip(&mut tiled) {
-            attention(&pool(threads), &inp, out).expect("tiles");
-        }
-        assert!(tiled[0].iter().zip(&tiled[1]).all(|(a, b)| a.to_bits() == b.to_bits()), "{what}: one thread and three");
-        let mut worst = 0f32;
-        for (i, (a, b)) in tiled[0].iter().zip(&pairs).enumerate() {
-            assert!((a - b).abs() <= TOL, "{what}: value {i}: {a} vs {b}");
-            worst = worst.max((a - b).abs());
-        }
-        let mut via = vec![0f32; n];
-        attend(&pool(2), SimdLevel::Auto, &q, k, v, paged.then_some(&p), sinks, &mut via, &d).expect("attention");
-        assert!(via.iter().zip(&tiled[0]).all(|(a, b)| a.to_bits() == b.to_bits()), "{what}: kernels::attention takes the tiles");
-        worst
+        let shape = Shape { dtype, heads, kv_heads, hd, vhd, kv_len, tokens, window, sinks, paged };
+        let case = Case::new(shape, (kv_len * 31 + tokens) as u64, 16, 2.0, 3.0, 1.0);
+        assert!(eligible(SimdLevel::Auto, dtype, dtype, &case.d), "{}: eligible", case.what());
+        case.against_pairs(attention, TOL)
     }
 
     /// Values are in ±1 and scores reach ±6: the hi + lo parts keep queries, weights and f32
