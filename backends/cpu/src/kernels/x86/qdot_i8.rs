@@ -476,7 +476,7 @@ unsafe fn q4_0_blk<D: Dot, const R: usize, const N: usize>(
     }
 }
 
-/// Per token, the eight combined scales `d·sc_j·d_j` of a Q4_K/Q5_K block, in registers (a
+/// Per token, the eight combined scales `d·sc_j·d_j` of a Q5_K block, in registers (a
 /// stored array read back lane by lane waits on store forwarding); the min term
 /// `Σ_j dmin·m_j · S_j` is taken off each token's accumulators here.
 #[inline(always)]
@@ -515,11 +515,11 @@ unsafe fn k4_pair<D: Dot, const N: usize>(
     }
 }
 
-/// The order [`q4_k_blk`] and [`mxfp4_pair`] read a token's int8 activations in: in each run
-/// of 64 values the quarters 0, 2, 1, 3. Both types keep values `l` and `l + 32·h` of a
-/// 64-value run (Q4_K: sub-blocks `2c`, `2c + 1`; MXFP4 pairs: the halves of two blocks) in the
-/// two nibbles of one byte, so 16 bytes broadcast to both halves of a register and shifted
-/// per half give the codes of quarters 0 and 2, the next 16 those of quarters 1 and 3.
+/// The order [`mxfp4_pair`] reads a token's int8 activations in: in each run of 64 values
+/// the quarters 0, 2, 1, 3. Its pairs of blocks keep values `l` and `l + 32` of a 64-value run
+/// (the halves of two blocks) in the two nibbles of one byte, so 16 bytes broadcast to both
+/// halves of a register and shifted per half give the codes of quarters 0 and 2, the next 16
+/// those of quarters 1 and 3.
 pub(crate) fn quarters_0213(q: &mut [i8]) {
     let mut tmp = [0i8; 16];
     for c in q.chunks_exact_mut(64) {
@@ -529,10 +529,45 @@ pub(crate) fn quarters_0213(q: &mut [i8]) {
     }
 }
 
-/// Q4_K: `Σ_j (d·sc_j·d_j)·Σ q·a − Σ_j (dmin·m_j)·S_j` over the 8 sub-blocks of 32, 64 values
-/// a step: the codes of sub-blocks `2c` and `2c + 1` side by side (activations in
-/// [`quarters_0213`]) add into one i32 vector, lanes 0..4 the first sub-block, 4..8 the second,
-/// so each step converts and scales once.
+/// The sub-block whose sum lane `l` of [`Dot::q4_k_sums`] holds: the even sub-blocks (low
+/// nibbles) in lanes 0..4, the odd ones in 4..8.
+const Q4K_LANES: [usize; 8] = [0, 2, 4, 6, 1, 3, 5, 7];
+
+/// Where value `v` of a Q4_K block sits in [`q4_k_order`]: the block is read as eight
+/// registers `L0, H0, … L3, H3` ([`q4_k_blk`]); byte `4l + b` of `L_i` (`H_i`) is value `4i + b`
+/// (`4(i + 4) + b` for `l ≥ 4`) of sub-block `2(l mod 4)` (`2(l mod 4) + 1`).
+fn q4_k_slot(v: usize) -> usize {
+    let (j, e) = (v / 32, v % 32);
+    let (h, lane_in_half) = (j % 2, j / 2);
+    let (i, upper, b) = ((e / 4) % 4, e / 16, e % 4);
+    64 * i + 32 * h + 4 * (lane_in_half + 4 * upper) + b
+}
+
+/// Puts each token's int8 codes `q` and scales `d` (one per 32 values) in the order
+/// [`q4_k_blk`] reads: per 256-value block the codes as [`q4_k_slot`] places them and the
+/// eight scales in the lane order of the sums ([`Q4K_LANES`]).
+pub(crate) fn q4_k_order(q: &mut [i8], d: &mut [f32]) {
+    let mut tmp = [0i8; 256];
+    for c in q.chunks_exact_mut(256) {
+        for (v, &x) in c.iter().enumerate() {
+            tmp[q4_k_slot(v)] = x;
+        }
+        c.copy_from_slice(&tmp);
+    }
+    for g in d.chunks_exact_mut(8) {
+        let natural = [g[0], g[1], g[2], g[3], g[4], g[5], g[6], g[7]];
+        for (o, &j) in g.iter_mut().zip(&Q4K_LANES) {
+            *o = natural[j];
+        }
+    }
+}
+
+/// Q4_K: `Σ_j (d·sc_j·d_j)·Σ q·a − Σ_j (dmin·m_j)·S_j` over the 8 sub-blocks of 32. The four
+/// 32-byte runs of codes (run `c`: sub-block `2c` in the low nibbles, `2c + 1` in the high)
+/// are transposed by dwords, so that each register holds four codes of every sub-block and
+/// lane `l` of each product sums sub-block [`Q4K_LANES`]`[l]`; the whole block's integer sums
+/// then meet their scales in one conversion and one multiply-add per token, where the
+/// sub-block pairs took four of each and a scale permute apiece.
 #[inline(always)]
 unsafe fn q4_k_blk<D: Dot, const R: usize, const N: usize>(
     w: &[*const u8; R],
@@ -541,19 +576,28 @@ unsafe fn q4_k_blk<D: Dot, const R: usize, const N: usize>(
     a: &[*const f32; N],
     acc: &mut Acc<R, N>,
 ) {
+    let m4 = _mm256_set1_epi8(0x0f);
+    let lanes = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
     for r in 0..R {
         let p = w[r];
-        let s = k4_prologue::<D, N>(p, d, a, &mut acc[r]);
-        for c in 0..4 {
-            let x0 = D::nibbles(p.add(16 + 32 * c));
-            let x1 = D::nibbles(p.add(16 + 32 * c + 16));
-            let j = 2 * c as i32;
-            let pick = _mm256_setr_epi32(j, j, j, j, j + 1, j + 1, j + 1, j + 1);
-            for t in 0..N {
-                let dot = D::dot_u2(x0, lda(q[t], 64 * c), x1, lda(q[t], 64 * c + 32));
-                let sv = permps(s[t], pick);
-                acc[r][t][c & 1] = _mm256_fmadd_ps(cvt(dot), sv, acc[r][t][c & 1]);
-            }
+        let (scd, mv) = D::k4_scaled(p);
+        let scd = permps(scd, lanes);
+        let c = [0, 1, 2, 3].map(|c| _mm256_loadu_si256(p.add(16 + 32 * c) as *const __m256i));
+        // Z_i = dword i of each run, then dword i + 4 of each (per 128-bit half).
+        let (lo01, lo23) = (_mm256_unpacklo_epi32(c[0], c[1]), _mm256_unpacklo_epi32(c[2], c[3]));
+        let (hi01, hi23) = (_mm256_unpackhi_epi32(c[0], c[1]), _mm256_unpackhi_epi32(c[2], c[3]));
+        let z = [
+            _mm256_unpacklo_epi64(lo01, lo23),
+            _mm256_unpackhi_epi64(lo01, lo23),
+            _mm256_unpacklo_epi64(hi01, hi23),
+            _mm256_unpackhi_epi64(hi01, hi23),
+        ];
+        let l = z.map(|v| _mm256_and_si256(v, m4));
+        let h = z.map(|v| _mm256_and_si256(_mm256_srli_epi16::<4>(v), m4));
+        for t in 0..N {
+            let s = _mm256_mul_ps(scd, _mm256_loadu_ps(d[t]));
+            acc[r][t][1] = _mm256_fnmadd_ps(mv, _mm256_loadu_ps(a[t]), acc[r][t][1]);
+            acc[r][t][0] = _mm256_fmadd_ps(cvt(D::q4_k_sums(&l, &h, q[t])), s, acc[r][t][0]);
         }
     }
 }

@@ -115,6 +115,23 @@ pub(super) trait Dot {
     unsafe fn dot_u2(u0: __m256i, i0: __m256i, u1: __m256i, i1: __m256i) -> __m256i {
         Self::dot_u_acc(Self::dot_u(u0, i0), u1, i1)
     }
+    /// A Q4_K block's sub-block sums against one token's codes at `a` ([`super::q4_k_order`]):
+    /// `l[i]`, `h[i]` are its transposed code registers ([`super::q4_k_blk`]), lane `k` of the
+    /// result the sum of sub-block [`super::Q4K_LANES`]`[k]`. The products of `l` and of `h`
+    /// each add up per 128-bit half, then the halves add across.
+    #[inline(always)]
+    unsafe fn q4_k_sums(l: &[__m256i; 4], h: &[__m256i; 4], a: *const i8) -> __m256i {
+        let ld = |i: usize| _mm256_loadu_si256(a.add(32 * i) as *const __m256i);
+        let lo = _mm256_add_epi32(
+            Self::dot_u_acc(Self::dot_u(l[0], ld(0)), l[1], ld(2)),
+            Self::dot_u_acc(Self::dot_u(l[2], ld(4)), l[3], ld(6)),
+        );
+        let hi = _mm256_add_epi32(
+            Self::dot_u_acc(Self::dot_u(h[0], ld(1)), h[1], ld(3)),
+            Self::dot_u_acc(Self::dot_u(h[2], ld(5)), h[3], ld(7)),
+        );
+        _mm256_add_epi32(_mm256_permute2x128_si256::<0x20>(lo, hi), _mm256_permute2x128_si256::<0x31>(lo, hi))
+    }
     /// `(a & m) | c`: one `vpternlogd` where AVX-512 VL is in use (written out: left to LLVM,
     /// Q6_K at 4 tokens ran 5 % slower).
     #[inline(always)]
@@ -199,6 +216,18 @@ impl Dot for Madd {
     #[inline(always)]
     unsafe fn dot_u_acc(acc: __m256i, u: __m256i, i: __m256i) -> __m256i {
         _mm256_add_epi32(acc, Self::dot_u(u, i))
+    }
+    /// [`Dot::q4_k_sums`] in 16 bits until the last step: each lane adds 16 products of a
+    /// 4-bit code and an activation, at most `16·15·127 = 30480`, so the pair sums of all
+    /// eight registers add without saturating and one `vpmaddwd` widens them.
+    #[inline(always)]
+    unsafe fn q4_k_sums(l: &[__m256i; 4], h: &[__m256i; 4], a: *const i8) -> __m256i {
+        let ld = |i: usize| _mm256_loadu_si256(a.add(32 * i) as *const __m256i);
+        let m = |u: __m256i, i: usize| _mm256_maddubs_epi16(u, ld(i));
+        let lo = _mm256_add_epi16(_mm256_add_epi16(m(l[0], 0), m(l[1], 2)), _mm256_add_epi16(m(l[2], 4), m(l[3], 6)));
+        let hi = _mm256_add_epi16(_mm256_add_epi16(m(h[0], 1), m(h[1], 3)), _mm256_add_epi16(m(h[2], 5), m(h[3], 7)));
+        let pairs = _mm256_add_epi16(_mm256_permute2x128_si256::<0x20>(lo, hi), _mm256_permute2x128_si256::<0x31>(lo, hi));
+        _mm256_madd_epi16(pairs, _mm256_set1_epi16(1))
     }
     /// The two `vpmaddubsw` pair sums stay below `2·31·127` each, so they add in 16 bits
     /// and one `vpmaddwd` widens both: the same i32 sums in one instruction fewer.
