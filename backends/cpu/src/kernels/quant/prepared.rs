@@ -6,10 +6,6 @@ use super::{check_weights, QuantDot};
 use crate::kernels::{shape_err, SimdLevel};
 use ft_backend::{DType, Result};
 
-/// Products of this many tokens or more of Q6_K take the f32 tiles on AVX2 alone (see
-/// [`in_groups`]): from 32 tokens the tiles are as fast as the int8 kernels (52–60 GFLOP/s).
-const AVX2_TILES_FROM: usize = 32;
-
 /// Whether products of `n` tokens run the fused kernels a few tokens at a time
 /// (reduced-precision activations allowed by `dot`): on AVX-512, FP8 against bf16 activations
 /// (with AVX-512 BF16 and VBMI), and the types whose int8 kernel takes 4 tokens faster than a
@@ -25,11 +21,10 @@ const AVX2_TILES_FROM: usize = 32;
 /// these kernels' rate at 512 tokens): the integer types dequantized to bf16, FP8 as unscaled
 /// codes with its weights exact (`x86::fp8_tiles`). On AVX2 alone (`vpmaddubsw`, Zen 3) the
 /// alternative is f32 tiles over weights decoded to f32; one thread, same shape, int8 at 4
-/// tokens against the f32 tiles at 64: Q4_K 90 / 56, Q5_K 65 / 51, Q4_0 66 / 58, Q8_0 68 /
-/// 61 go in groups, and MXFP4 (67 / 58 with [`crate::kernels::x86::qdot_i8`]'s 16-bit pair
-/// sums); Q6_K 59 / 59 goes in groups only below [`AVX2_TILES_FROM`] tokens, where a chunk
-/// of rows decoded to f32 serves too few tokens (5 tokens: 21; 16 tokens: 43), so its batched
-/// decode steps keep a token's bits but a prefill does not. NVFP4 (56 / 58, 20 at 5 tokens)
+/// tokens against the f32 tiles at 64: Q4_K 106 / 56 and Q6_K 90 / 50–56 (both with their
+/// codes transposed so that a block meets its scales once per token; Q6_K at 4 tokens was 59
+/// before), Q5_K 65 / 51, Q4_0 66 / 58, Q8_0 68 / 61 go in groups, and MXFP4 (67 / 58 with
+/// [`crate::kernels::x86::qdot_i8`]'s 16-bit pair sums). NVFP4 (56 / 58, 20 at 5 tokens)
 /// keeps the tiles: in groups, the int8 prefill of a short prompt moved the qwen3_5_moe NVFP4
 /// fixture's next logits by 0.79 of their scale (its gated-delta state carries the prefill's
 /// rounding; the tests allow 0.5).
@@ -43,8 +38,7 @@ pub(crate) fn in_groups(level: SimdLevel, dot: QuantDot, dtype: DType, n: usize,
             SimdLevel::Avx512 => {}
             SimdLevel::Avx2 => {
                 return match dtype {
-                    DType::Q4K | DType::Q5K | DType::Q4_0 | DType::Q8_0 | DType::Mxfp4 => true,
-                    DType::Q6K => n < AVX2_TILES_FROM,
+                    DType::Q4K | DType::Q5K | DType::Q6K | DType::Q4_0 | DType::Q8_0 | DType::Mxfp4 => true,
                     _ => false,
                 }
             }
@@ -138,12 +132,7 @@ impl<'a> Prepared<'a> {
             let mut aux = Aligned::zeroed(n * blocks * apb);
             if let Some(g) = be.checked_div(apb) {
                 for t in 0..n {
-                    for (s, c) in aux[t * blocks * apb..][..blocks * apb]
-                        .iter_mut()
-                        .zip(xv[t * xs..][..kp].chunks_exact(g))
-                    {
-                        *s = c.iter().sum();
-                    }
+                    sub_block_sums(&xv[t * xs..][..kp], g, &mut aux[t * blocks * apb..][..blocks * apb]);
                 }
             }
             let isa = qdot_i8::Isa::best(level);
@@ -274,6 +263,26 @@ struct Int8 {
     extras: Option<Aligned<f32>>,
 }
 
+/// `sums[i]` = the sum of `x[i·g..(i + 1)·g]`, each added in order from −0.0 (the bits of
+/// `iter().sum()`), eight sub-blocks side by side: one chain of dependent additions at a time
+/// cost a 32-token expert product of a prefill ~60 µs of its activations' preparation.
+fn sub_block_sums(x: &[f32], g: usize, sums: &mut [f32]) {
+    const WAYS: usize = 8;
+    let whole = sums.len() / WAYS * WAYS;
+    for (s8, c) in sums[..whole].chunks_exact_mut(WAYS).zip(x.chunks_exact(WAYS * g)) {
+        let mut acc = [-0.0f32; WAYS];
+        for e in 0..g {
+            for (j, a) in acc.iter_mut().enumerate() {
+                *a += c[j * g + e];
+            }
+        }
+        s8.copy_from_slice(&acc);
+    }
+    for (s, c) in sums[whole..].iter_mut().zip(x[whole * g..].chunks_exact(g)) {
+        *s = c.iter().sum();
+    }
+}
+
 /// Quantizes `n` tokens of `x` (stride `xs`, `kp` values each, whole blocks of `dtype`) to int8
 /// for the kernels of `isa`; `aux` holds the tokens' exact sub-block sums.
 #[cfg(target_arch = "x86_64")]
@@ -303,6 +312,7 @@ fn int8_codes(x: &[f32], xs: usize, n: usize, kp: usize, dtype: DType, isa: crat
         _ if own => {}
         DType::Nvfp4 => qdot_i8::nvfp4_order(&mut q),
         DType::Q4K => qdot_i8::q4_k_order(&mut q, &mut d),
+        DType::Q6K => qdot_i8::q6_k_order(&mut q),
         // Per token: whole pairs of blocks only, the last odd block as it is.
         DType::Mxfp4 => q.chunks_exact_mut(kp).for_each(|t| qdot_i8::quarters_0213(&mut t[..kp / 64 * 64])),
         _ => {}

@@ -536,24 +536,44 @@ const Q4K_LANES: [usize; 8] = [0, 2, 4, 6, 1, 3, 5, 7];
 /// Where value `v` of a Q4_K block sits in [`q4_k_order`]: the block is read as eight
 /// registers `L0, H0, … L3, H3` ([`q4_k_blk`]); byte `4l + b` of `L_i` (`H_i`) is value `4i + b`
 /// (`4(i + 4) + b` for `l ≥ 4`) of sub-block `2(l mod 4)` (`2(l mod 4) + 1`).
-fn q4_k_slot(v: usize) -> usize {
+const fn q4_k_slot(v: usize) -> usize {
     let (j, e) = (v / 32, v % 32);
     let (h, lane_in_half) = (j % 2, j / 2);
     let (i, upper, b) = ((e / 4) % 4, e / 16, e % 4);
     64 * i + 32 * h + 4 * (lane_in_half + 4 * upper) + b
 }
 
+/// Per group of four values of a 256-value block (which move together), the group
+/// [`q6_k_slot`] (`q6`) or [`q4_k_slot`] places it at.
+const fn dword_moves(q6: bool) -> [u8; 64] {
+    let mut m = [0u8; 64];
+    let mut g = 0;
+    while g < 64 {
+        m[g] = ((if q6 { q6_k_slot(4 * g) } else { q4_k_slot(4 * g) }) / 4) as u8;
+        g += 1;
+    }
+    m
+}
+
+/// Moves each 256-value block's groups of four codes as `moves` says.
+fn move_dwords(q: &mut [i8], moves: &[u8; 64]) {
+    let mut tmp = [0u32; 64];
+    for c in q.chunks_exact_mut(256) {
+        for (g, &to) in moves.iter().enumerate() {
+            tmp[to as usize] = u32::from_ne_bytes([c[4 * g], c[4 * g + 1], c[4 * g + 2], c[4 * g + 3]].map(|v| v as u8));
+        }
+        for (o, v) in c.chunks_exact_mut(4).zip(&tmp) {
+            o.copy_from_slice(&v.to_ne_bytes().map(|b| b as i8));
+        }
+    }
+}
+
 /// Puts each token's int8 codes `q` and scales `d` (one per 32 values) in the order
 /// [`q4_k_blk`] reads: per 256-value block the codes as [`q4_k_slot`] places them and the
 /// eight scales in the lane order of the sums ([`Q4K_LANES`]).
 pub(crate) fn q4_k_order(q: &mut [i8], d: &mut [f32]) {
-    let mut tmp = [0i8; 256];
-    for c in q.chunks_exact_mut(256) {
-        for (v, &x) in c.iter().enumerate() {
-            tmp[q4_k_slot(v)] = x;
-        }
-        c.copy_from_slice(&tmp);
-    }
+    const MOVES: [u8; 64] = dword_moves(false);
+    move_dwords(q, &MOVES);
     for g in d.chunks_exact_mut(8) {
         let natural = [g[0], g[1], g[2], g[3], g[4], g[5], g[6], g[7]];
         for (o, &j) in g.iter_mut().zip(&Q4K_LANES) {
@@ -594,10 +614,13 @@ unsafe fn q4_k_blk<D: Dot, const R: usize, const N: usize>(
         ];
         let l = z.map(|v| _mm256_and_si256(v, m4));
         let h = z.map(|v| _mm256_and_si256(_mm256_srli_epi16::<4>(v), m4));
+        // One accumulator per token (the min term too): with two, four tokens' sums and the
+        // eight code registers did not fit the sixteen registers, and the sums went to the
+        // stack and back every block.
         for t in 0..N {
             let s = _mm256_mul_ps(scd, _mm256_loadu_ps(d[t]));
-            acc[r][t][1] = _mm256_fnmadd_ps(mv, _mm256_loadu_ps(a[t]), acc[r][t][1]);
-            acc[r][t][0] = _mm256_fmadd_ps(cvt(D::q4_k_sums(&l, &h, q[t])), s, acc[r][t][0]);
+            let v = _mm256_fmadd_ps(cvt(D::q4_k_sums(&l, &h, q[t])), s, acc[r][t][0]);
+            acc[r][t][0] = _mm256_fnmadd_ps(mv, _mm256_loadu_ps(a[t]), v);
         }
     }
 }
@@ -628,11 +651,28 @@ unsafe fn q5_k_blk<D: Dot, const R: usize, const N: usize>(
     }
 }
 
+/// Where value `v` of a Q6_K block sits in [`q6_k_order`]: each half of 128 values is read as
+/// four registers `Z_0..Z_4` ([`q6_k_blk`]); byte `4l + b` of `Z_i` is value `4i + b` of the
+/// half's sub-block [`Q4K_LANES`]`[l]`.
+const fn q6_k_slot(v: usize) -> usize {
+    let (half, sub, e) = (v / 128, v % 128 / 16, v % 16);
+    let lane = sub / 2 + 4 * (sub % 2);
+    128 * half + 32 * (e / 4) + 4 * lane + e % 4
+}
+
+/// Puts each token's int8 codes `q` in the order [`q6_k_blk`] reads ([`q6_k_slot`] per
+/// 256-value block); the scales keep theirs.
+pub(crate) fn q6_k_order(q: &mut [i8]) {
+    const MOVES: [u8; 64] = dword_moves(true);
+    move_dwords(q, &MOVES);
+}
+
 /// Q6_K: `Σ_i d·sc_i·d_g·Σ q·a − 32·d·Σ_i sc_i·S_i` over the 16 sub-blocks of 16 (`q`
-/// unsigned 6-bit), 32 values (two sub-blocks, one activation group) a step: `vpdpbusd` sums
-/// them into lanes 0..4 (sub-block `2k`) and 4..8 (`2k + 1`), and one permute spreads the two
-/// scales `d·sc` over those lanes in f32, where a byte shuffle, a widening and `vpmaddwd` per
-/// step applied them in integers before.
+/// unsigned 6-bit), 128 values a step. Each half's four code registers (two sub-blocks
+/// each) are transposed by dwords as in [`q4_k_blk`], so lane `l` of a token's sums is the
+/// half's sub-block [`Q4K_LANES`]`[l]`, whose activation group is lane `l mod 4`'s: one
+/// conversion and one multiply-add per half and token, where each pair of sub-blocks took
+/// one of each and a scale multiply.
 #[inline(always)]
 unsafe fn q6_k_blk<D: Dot, const R: usize, const N: usize>(
     w: &[*const u8; R],
@@ -642,6 +682,7 @@ unsafe fn q6_k_blk<D: Dot, const R: usize, const N: usize>(
     acc: &mut Acc<R, N>,
 ) {
     let (m4, m2) = (_mm256_set1_epi8(0x0f), _mm256_set1_epi8(0x30));
+    let lanes = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
     for r in 0..R {
         let p = w[r];
         let dd = f16_splat(p.add(208));
@@ -650,12 +691,12 @@ unsafe fn q6_k_blk<D: Dot, const R: usize, const N: usize>(
         let sc1 = cvt(_mm256_cvtepi8_epi32(_mm_srli_si128::<8>(sc8)));
         let m32 = _mm256_mul_ps(_mm256_set1_ps(32.0), dd);
         let (o0, o1) = (_mm256_mul_ps(sc0, m32), _mm256_mul_ps(sc1, m32));
-        // `d·sc_i` of sub-blocks 0..8 and 8..16.
-        let f = [_mm256_mul_ps(sc0, dd), _mm256_mul_ps(sc1, dd)];
         for t in 0..N {
             acc[r][t][1] = _mm256_fnmadd_ps(o0, _mm256_loadu_ps(a[t]), acc[r][t][1]);
             acc[r][t][1] = _mm256_fnmadd_ps(o1, _mm256_loadu_ps(a[t].add(8)), acc[r][t][1]);
         }
+        // `d·sc_i` of each half's sub-blocks in the lane order of the sums.
+        let f = [permps(_mm256_mul_ps(sc0, dd), lanes), permps(_mm256_mul_ps(sc1, dd), lanes)];
         for h in 0..2 {
             // Values 128h + 32·quarter + l: low 4 bits in ql byte 64h + 32·(quarter % 2) + l
             // (nibble quarter / 2), top 2 bits in qh byte 32h + l (bits 2·quarter).
@@ -668,15 +709,18 @@ unsafe fn q6_k_blk<D: Dot, const R: usize, const N: usize>(
                 D::and_or(_mm256_srli_epi16::<4>(ql0), m4, _mm256_and_si256(qh, m2)),
                 D::and_or(_mm256_srli_epi16::<4>(ql1), m4, _mm256_and_si256(_mm256_srli_epi16::<2>(qh), m2)),
             ];
-            for (quarter, qq) in qv.iter().enumerate() {
-                let k = 4 * h + quarter;
-                let j = (2 * k % 8) as i32;
-                let sv = _mm256_permutevar8x32_ps(f[h], _mm256_setr_epi32(j, j, j, j, j + 1, j + 1, j + 1, j + 1));
-                for t in 0..N {
-                    let dot = cvt(D::dot_u(*qq, lda(q[t], 32 * k)));
-                    let s = _mm256_mul_ps(sv, _mm256_broadcast_ss(&*d[t].add(k)));
-                    acc[r][t][k & 1] = _mm256_fmadd_ps(dot, s, acc[r][t][k & 1]);
-                }
+            let (lo01, lo23) = (_mm256_unpacklo_epi32(qv[0], qv[1]), _mm256_unpacklo_epi32(qv[2], qv[3]));
+            let (hi01, hi23) = (_mm256_unpackhi_epi32(qv[0], qv[1]), _mm256_unpackhi_epi32(qv[2], qv[3]));
+            let z = [
+                _mm256_unpacklo_epi64(lo01, lo23),
+                _mm256_unpackhi_epi64(lo01, lo23),
+                _mm256_unpacklo_epi64(hi01, hi23),
+                _mm256_unpackhi_epi64(hi01, hi23),
+            ];
+            for t in 0..N {
+                let sums = cvt(D::q6_k_sums(&z, q[t].add(128 * h)));
+                let s = _mm256_mul_ps(f[h], _mm256_broadcast_ps(&*(d[t].add(4 * h) as *const __m128)));
+                acc[r][t][h] = _mm256_fmadd_ps(sums, s, acc[r][t][h]);
             }
         }
     }

@@ -132,6 +132,17 @@ pub(super) trait Dot {
         );
         _mm256_add_epi32(_mm256_permute2x128_si256::<0x20>(lo, hi), _mm256_permute2x128_si256::<0x31>(lo, hi))
     }
+    /// Half a Q6_K block's sub-block sums against one token's codes at `a` ([`super::q6_k_order`]):
+    /// `z` its transposed code registers ([`super::q6_k_blk`]), lane `k` of the result the
+    /// sum of the half's sub-block [`super::Q4K_LANES`]`[k]`.
+    #[inline(always)]
+    unsafe fn q6_k_sums(z: &[__m256i; 4], a: *const i8) -> __m256i {
+        let ld = |i: usize| _mm256_loadu_si256(a.add(32 * i) as *const __m256i);
+        _mm256_add_epi32(
+            Self::dot_u_acc(Self::dot_u(z[0], ld(0)), z[1], ld(1)),
+            Self::dot_u_acc(Self::dot_u(z[2], ld(2)), z[3], ld(3)),
+        )
+    }
     /// `(a & m) | c`: one `vpternlogd` where AVX-512 VL is in use (written out: left to LLVM,
     /// Q6_K at 4 tokens ran 5 % slower).
     #[inline(always)]
@@ -228,6 +239,18 @@ impl Dot for Madd {
         let hi = _mm256_add_epi16(_mm256_add_epi16(m(h[0], 1), m(h[1], 3)), _mm256_add_epi16(m(h[2], 5), m(h[3], 7)));
         let pairs = _mm256_add_epi16(_mm256_permute2x128_si256::<0x20>(lo, hi), _mm256_permute2x128_si256::<0x31>(lo, hi));
         _mm256_madd_epi16(pairs, _mm256_set1_epi16(1))
+    }
+    /// [`Dot::q6_k_sums`] with two registers' pair sums added in 16 bits: 4 products of a
+    /// 6-bit code and an activation, at most `4·63·127 = 32004`.
+    #[inline(always)]
+    unsafe fn q6_k_sums(z: &[__m256i; 4], a: *const i8) -> __m256i {
+        let ld = |i: usize| _mm256_loadu_si256(a.add(32 * i) as *const __m256i);
+        let m = |i: usize| _mm256_maddubs_epi16(z[i], ld(i));
+        let one = _mm256_set1_epi16(1);
+        _mm256_add_epi32(
+            _mm256_madd_epi16(_mm256_add_epi16(m(0), m(1)), one),
+            _mm256_madd_epi16(_mm256_add_epi16(m(2), m(3)), one),
+        )
     }
     /// The two `vpmaddubsw` pair sums stay below `2·31·127` each, so they add in 16 bits
     /// and one `vpmaddwd` widens both: the same i32 sums in one instruction fewer.
