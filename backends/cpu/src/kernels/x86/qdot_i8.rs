@@ -476,45 +476,6 @@ unsafe fn q4_0_blk<D: Dot, const R: usize, const N: usize>(
     }
 }
 
-/// Per token, the eight combined scales `d·sc_j·d_j` of a Q5_K block, in registers (a
-/// stored array read back lane by lane waits on store forwarding); the min term
-/// `Σ_j dmin·m_j · S_j` is taken off each token's accumulators here.
-#[inline(always)]
-unsafe fn k4_prologue<D: Dot, const N: usize>(
-    p: *const u8,
-    d: &[*const f32; N],
-    a: &[*const f32; N],
-    acc: &mut [[__m256; 2]; N],
-) -> [__m256; N] {
-    let (scd, mv) = D::k4_scaled(p);
-    let mut s = [_mm256_setzero_ps(); N];
-    for t in 0..N {
-        s[t] = _mm256_mul_ps(scd, _mm256_loadu_ps(d[t]));
-        acc[t][1] = _mm256_fnmadd_ps(mv, _mm256_loadu_ps(a[t]), acc[t][1]);
-    }
-    s
-}
-
-/// Sub-blocks `2c` (codes `lo`) and `2c + 1` (`hi`) of a Q5_K block against every token,
-/// scaled by the combined scales `s` of [`k4_prologue`].
-#[inline(always)]
-unsafe fn k4_pair<D: Dot, const N: usize>(
-    lo: __m256i,
-    hi: __m256i,
-    c: usize,
-    q: &[*const i8; N],
-    s: &[__m256; N],
-    acc: &mut [[__m256; 2]; N],
-) {
-    let (jl, jh) = (_mm256_set1_epi32(2 * c as i32), _mm256_set1_epi32(2 * c as i32 + 1));
-    for t in 0..N {
-        let pl = cvt(D::dot_u(lo, lda(q[t], 64 * c)));
-        let ph = cvt(D::dot_u(hi, lda(q[t], 64 * c + 32)));
-        acc[t][0] = _mm256_fmadd_ps(pl, permps(s[t], jl), acc[t][0]);
-        acc[t][1] = _mm256_fmadd_ps(ph, permps(s[t], jh), acc[t][1]);
-    }
-}
-
 /// The order [`mxfp4_pair`] reads a token's int8 activations in: in each run of 64 values
 /// the quarters 0, 2, 1, 3. Its pairs of blocks keep values `l` and `l + 32` of a 64-value run
 /// (the halves of two blocks) in the two nibbles of one byte, so 16 bytes broadcast to both
@@ -582,6 +543,20 @@ pub(crate) fn q4_k_order(q: &mut [i8], d: &mut [f32]) {
     }
 }
 
+/// Register `i` of the result: dword `i` of each of `c[0..4]`, then (upper 128-bit half)
+/// dword `i + 4` of each.
+#[inline(always)]
+unsafe fn dwords_4x4(c: [__m256i; 4]) -> [__m256i; 4] {
+    let (lo01, lo23) = (_mm256_unpacklo_epi32(c[0], c[1]), _mm256_unpacklo_epi32(c[2], c[3]));
+    let (hi01, hi23) = (_mm256_unpackhi_epi32(c[0], c[1]), _mm256_unpackhi_epi32(c[2], c[3]));
+    [
+        _mm256_unpacklo_epi64(lo01, lo23),
+        _mm256_unpackhi_epi64(lo01, lo23),
+        _mm256_unpacklo_epi64(hi01, hi23),
+        _mm256_unpackhi_epi64(hi01, hi23),
+    ]
+}
+
 /// Q4_K: `Σ_j (d·sc_j·d_j)·Σ q·a − Σ_j (dmin·m_j)·S_j` over the 8 sub-blocks of 32. The four
 /// 32-byte runs of codes (run `c`: sub-block `2c` in the low nibbles, `2c + 1` in the high)
 /// are transposed by dwords, so that each register holds four codes of every sub-block and
@@ -602,16 +577,7 @@ unsafe fn q4_k_blk<D: Dot, const R: usize, const N: usize>(
         let p = w[r];
         let (scd, mv) = D::k4_scaled(p);
         let scd = permps(scd, lanes);
-        let c = [0, 1, 2, 3].map(|c| _mm256_loadu_si256(p.add(16 + 32 * c) as *const __m256i));
-        // Z_i = dword i of each run, then dword i + 4 of each (per 128-bit half).
-        let (lo01, lo23) = (_mm256_unpacklo_epi32(c[0], c[1]), _mm256_unpacklo_epi32(c[2], c[3]));
-        let (hi01, hi23) = (_mm256_unpackhi_epi32(c[0], c[1]), _mm256_unpackhi_epi32(c[2], c[3]));
-        let z = [
-            _mm256_unpacklo_epi64(lo01, lo23),
-            _mm256_unpackhi_epi64(lo01, lo23),
-            _mm256_unpacklo_epi64(hi01, hi23),
-            _mm256_unpackhi_epi64(hi01, hi23),
-        ];
+        let z = dwords_4x4([0, 1, 2, 3].map(|c| _mm256_loadu_si256(p.add(16 + 32 * c) as *const __m256i)));
         let l = z.map(|v| _mm256_and_si256(v, m4));
         let h = z.map(|v| _mm256_and_si256(_mm256_srli_epi16::<4>(v), m4));
         // One accumulator per token (the min term too): with two, four tokens' sums and the
@@ -625,7 +591,9 @@ unsafe fn q4_k_blk<D: Dot, const R: usize, const N: usize>(
     }
 }
 
-/// Q5_K: as Q4_K, the fifth bit of value `32s + l` being bit `s` of `qh[l]`.
+/// Q5_K: as Q4_K (the same activation order and lanes), the fifth bit of value `32s + l` being
+/// bit `s` of `qh[l]`: the 5-bit codes of the low and of the high nibbles are transposed
+/// apart.
 #[inline(always)]
 unsafe fn q5_k_blk<D: Dot, const R: usize, const N: usize>(
     w: &[*const u8; R],
@@ -635,18 +603,26 @@ unsafe fn q5_k_blk<D: Dot, const R: usize, const N: usize>(
     acc: &mut Acc<R, N>,
 ) {
     let (m4, b4) = (_mm256_set1_epi8(0x0f), _mm256_set1_epi8(0x10));
+    let lanes = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
     for r in 0..R {
         let p = w[r];
-        let s = k4_prologue::<D, N>(p, d, a, &mut acc[r]);
+        let (scd, mv) = D::k4_scaled(p);
+        let scd = permps(scd, lanes);
         let qh = _mm256_loadu_si256(p.add(16) as *const __m256i);
+        let (mut lo, mut hi) = ([_mm256_setzero_si256(); 4], [_mm256_setzero_si256(); 4]);
         for c in 0..4 {
             let v = _mm256_loadu_si256(p.add(48 + 32 * c) as *const __m256i);
             // Bit s of each qh byte moved to bit 4 (16-bit shifts, then a per-byte mask).
             let bl = _mm256_and_si256(shl16(qh, 4 - 2 * c as i32), b4);
             let bh = _mm256_and_si256(shl16(qh, 3 - 2 * c as i32), b4);
-            let lo = _mm256_or_si256(_mm256_and_si256(v, m4), bl);
-            let hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(v), m4), bh);
-            k4_pair::<D, N>(lo, hi, c, q, &s, &mut acc[r]);
+            lo[c] = _mm256_or_si256(_mm256_and_si256(v, m4), bl);
+            hi[c] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(v), m4), bh);
+        }
+        let (l, h) = (dwords_4x4(lo), dwords_4x4(hi));
+        for t in 0..N {
+            let s = _mm256_mul_ps(scd, _mm256_loadu_ps(d[t]));
+            let v = _mm256_fmadd_ps(cvt(D::q5_k_sums(&l, &h, q[t])), s, acc[r][t][0]);
+            acc[r][t][0] = _mm256_fnmadd_ps(mv, _mm256_loadu_ps(a[t]), v);
         }
     }
 }
@@ -709,14 +685,7 @@ unsafe fn q6_k_blk<D: Dot, const R: usize, const N: usize>(
                 D::and_or(_mm256_srli_epi16::<4>(ql0), m4, _mm256_and_si256(qh, m2)),
                 D::and_or(_mm256_srli_epi16::<4>(ql1), m4, _mm256_and_si256(_mm256_srli_epi16::<2>(qh), m2)),
             ];
-            let (lo01, lo23) = (_mm256_unpacklo_epi32(qv[0], qv[1]), _mm256_unpacklo_epi32(qv[2], qv[3]));
-            let (hi01, hi23) = (_mm256_unpackhi_epi32(qv[0], qv[1]), _mm256_unpackhi_epi32(qv[2], qv[3]));
-            let z = [
-                _mm256_unpacklo_epi64(lo01, lo23),
-                _mm256_unpackhi_epi64(lo01, lo23),
-                _mm256_unpacklo_epi64(hi01, hi23),
-                _mm256_unpackhi_epi64(hi01, hi23),
-            ];
+            let z = dwords_4x4(qv);
             for t in 0..N {
                 let sums = cvt(D::q6_k_sums(&z, q[t].add(128 * h)));
                 let s = _mm256_mul_ps(f[h], _mm256_broadcast_ps(&*(d[t].add(4 * h) as *const __m128)));

@@ -117,20 +117,15 @@ pub(super) trait Dot {
     }
     /// A Q4_K block's sub-block sums against one token's codes at `a` ([`super::q4_k_order`]):
     /// `l[i]`, `h[i]` are its transposed code registers ([`super::q4_k_blk`]), lane `k` of the
-    /// result the sum of sub-block [`super::Q4K_LANES`]`[k]`. The products of `l` and of `h`
-    /// each add up per 128-bit half, then the halves add across.
+    /// result the sum of sub-block [`super::Q4K_LANES`]`[k]`.
     #[inline(always)]
     unsafe fn q4_k_sums(l: &[__m256i; 4], h: &[__m256i; 4], a: *const i8) -> __m256i {
-        let ld = |i: usize| _mm256_loadu_si256(a.add(32 * i) as *const __m256i);
-        let lo = _mm256_add_epi32(
-            Self::dot_u_acc(Self::dot_u(l[0], ld(0)), l[1], ld(2)),
-            Self::dot_u_acc(Self::dot_u(l[2], ld(4)), l[3], ld(6)),
-        );
-        let hi = _mm256_add_epi32(
-            Self::dot_u_acc(Self::dot_u(h[0], ld(1)), h[1], ld(3)),
-            Self::dot_u_acc(Self::dot_u(h[2], ld(5)), h[3], ld(7)),
-        );
-        _mm256_add_epi32(_mm256_permute2x128_si256::<0x20>(lo, hi), _mm256_permute2x128_si256::<0x31>(lo, hi))
+        k4_sums::<Self>(l, h, a)
+    }
+    /// [`Dot::q4_k_sums`] for Q5_K's 5-bit codes ([`super::q5_k_blk`]).
+    #[inline(always)]
+    unsafe fn q5_k_sums(l: &[__m256i; 4], h: &[__m256i; 4], a: *const i8) -> __m256i {
+        k4_sums::<Self>(l, h, a)
     }
     /// Half a Q6_K block's sub-block sums against one token's codes at `a` ([`super::q6_k_order`]):
     /// `z` its transposed code registers ([`super::q6_k_blk`]), lane `k` of the result the
@@ -159,6 +154,22 @@ pub(super) trait Dot {
     unsafe fn k4_scaled(p: *const u8) -> (__m256, __m256) {
         k4_scaled_scalar(p)
     }
+}
+
+/// [`Dot::q4_k_sums`] in i32: the products of `l` and of `h` each add up per 128-bit half,
+/// then the halves add across.
+#[inline(always)]
+unsafe fn k4_sums<D: Dot + ?Sized>(l: &[__m256i; 4], h: &[__m256i; 4], a: *const i8) -> __m256i {
+    let ld = |i: usize| _mm256_loadu_si256(a.add(32 * i) as *const __m256i);
+    let lo = _mm256_add_epi32(
+        D::dot_u_acc(D::dot_u(l[0], ld(0)), l[1], ld(2)),
+        D::dot_u_acc(D::dot_u(l[2], ld(4)), l[3], ld(6)),
+    );
+    let hi = _mm256_add_epi32(
+        D::dot_u_acc(D::dot_u(h[0], ld(1)), h[1], ld(3)),
+        D::dot_u_acc(D::dot_u(h[2], ld(5)), h[3], ld(7)),
+    );
+    _mm256_add_epi32(_mm256_permute2x128_si256::<0x20>(lo, hi), _mm256_permute2x128_si256::<0x31>(lo, hi))
 }
 
 /// [`Dot::k4_scaled`] through general registers: the 6-bit fields gathered by shifts and
@@ -239,6 +250,18 @@ impl Dot for Madd {
         let hi = _mm256_add_epi16(_mm256_add_epi16(m(h[0], 1), m(h[1], 3)), _mm256_add_epi16(m(h[2], 5), m(h[3], 7)));
         let pairs = _mm256_add_epi16(_mm256_permute2x128_si256::<0x20>(lo, hi), _mm256_permute2x128_si256::<0x31>(lo, hi));
         _mm256_madd_epi16(pairs, _mm256_set1_epi16(1))
+    }
+    /// [`Dot::q5_k_sums`] with the four registers of `l` (of `h`) added in 16 bits: 8 products
+    /// of a 5-bit code and an activation, at most `8·31·127 = 31496`; the halves add in i32.
+    #[inline(always)]
+    unsafe fn q5_k_sums(l: &[__m256i; 4], h: &[__m256i; 4], a: *const i8) -> __m256i {
+        let ld = |i: usize| _mm256_loadu_si256(a.add(32 * i) as *const __m256i);
+        let m = |u: __m256i, i: usize| _mm256_maddubs_epi16(u, ld(i));
+        let one = _mm256_set1_epi16(1);
+        let lo = _mm256_add_epi16(_mm256_add_epi16(m(l[0], 0), m(l[1], 2)), _mm256_add_epi16(m(l[2], 4), m(l[3], 6)));
+        let hi = _mm256_add_epi16(_mm256_add_epi16(m(h[0], 1), m(h[1], 3)), _mm256_add_epi16(m(h[2], 5), m(h[3], 7)));
+        let (lo, hi) = (_mm256_madd_epi16(lo, one), _mm256_madd_epi16(hi, one));
+        _mm256_add_epi32(_mm256_permute2x128_si256::<0x20>(lo, hi), _mm256_permute2x128_si256::<0x31>(lo, hi))
     }
     /// [`Dot::q6_k_sums`] with two registers' pair sums added in 16 bits: 4 products of a
     /// 6-bit code and an activation, at most `4·63·127 = 32004`.
