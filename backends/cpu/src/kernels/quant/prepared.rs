@@ -313,8 +313,8 @@ fn int8_codes(x: &[f32], xs: usize, n: usize, kp: usize, dtype: DType, isa: crat
         DType::Nvfp4 => qdot_i8::nvfp4_order(&mut q),
         DType::Q4K | DType::Q5K => qdot_i8::q4_k_order(&mut q, &mut d),
         DType::Q6K => qdot_i8::q6_k_order(&mut q),
-        // Per token: whole pairs of blocks only, the last odd block as it is.
-        DType::Mxfp4 => q.chunks_exact_mut(kp).for_each(|t| qdot_i8::quarters_0213(&mut t[..kp / 64 * 64])),
+        // Per token: whole runs of eight blocks only, the last blocks as they are.
+        DType::Mxfp4 => q.chunks_exact_mut(kp).for_each(qdot_i8::mxfp4_order),
         _ => {}
     }
     Int8 { q, d, extras }

@@ -27,7 +27,7 @@ mod fp4;
 mod isa;
 pub(crate) mod mxfp4_zmm;
 pub(crate) mod q6_k_zmm;
-use fp4::{mxfp4_blk, mxfp4_pair, nvfp4_blk};
+use fp4::{mxfp4_blk, mxfp4_oct, nvfp4_blk};
 pub(crate) use isa::Isa;
 use isa::{Avx512Gfni, Avx512Vnni, AvxVnni, Dot, Madd};
 pub(crate) use fp4::nvfp4_order;
@@ -263,14 +263,15 @@ kernel!(q4_0_rows, q4_0_blk, 32, 18, 1, 1.0);
 kernel!(q4_k_rows, q4_k_blk, 256, 144, 8, 1.0);
 kernel!(q5_k_rows, q5_k_blk, 256, 176, 8, 1.0);
 kernel!(q6_k_rows, q6_k_blk, 256, 210, 16, 1.0);
-kernel!(mxfp4_rows, mxfp4_pair, 32, 17, 0, 0.5, 2, mxfp4_blk);
+kernel!(mxfp4_rows, mxfp4_oct, 32, 17, 0, 0.5, 8, mxfp4_blk);
 kernel!(nvfp4_rows, nvfp4_blk, 256, 148, 0, 0.5);
 
 /// A module `$m` holding, for the sums `$d` and target features `$feat`, one compiled driver
-/// and entry per type (`$r1` rows interleaved for one token: 2 for Q4_0 and MXFP4, whose
-/// per-block scale work then overlaps; 1 for Q8_0, whose rows stream from memory 1.7× faster
-/// one after another — one sequential stream per thread, 22–25 GB/s instead of 13–15 on 2
-/// threads here — and for the 256-value types) and its `run`.
+/// and entry per type (`$r1` rows interleaved for one token: 2 for Q4_0, whose per-block
+/// scale work then overlaps; 1 for Q8_0, whose rows stream from memory 1.7× faster one after
+/// another — one sequential stream per thread, 22–25 GB/s instead of 13–15 on 2 threads
+/// here — and for the types read 256 values a step, whose eight code registers a row leave
+/// no room for a second) and its `run`.
 macro_rules! isa_kernels {
     ($m:ident, $d:ty, $feat:tt) => {
         mod $m {
@@ -296,7 +297,7 @@ macro_rules! isa_kernels {
             driver!(q4_k, q4_k_rows, 1);
             driver!(q5_k, q5_k_rows, 1);
             driver!(q6_k, q6_k_rows, 1);
-            driver!(mxfp4, mxfp4_rows, 2);
+            driver!(mxfp4, mxfp4_rows, 1);
             driver!(nvfp4, nvfp4_rows, 1);
 
             /// [`super::run`] for this module's sums.
@@ -476,20 +477,6 @@ unsafe fn q4_0_blk<D: Dot, const R: usize, const N: usize>(
     }
 }
 
-/// The order [`mxfp4_pair`] reads a token's int8 activations in: in each run of 64 values
-/// the quarters 0, 2, 1, 3. Its pairs of blocks keep values `l` and `l + 32` of a 64-value run
-/// (the halves of two blocks) in the two nibbles of one byte, so 16 bytes broadcast to both
-/// halves of a register and shifted per half give the codes of quarters 0 and 2, the next 16
-/// those of quarters 1 and 3.
-pub(crate) fn quarters_0213(q: &mut [i8]) {
-    let mut tmp = [0i8; 16];
-    for c in q.chunks_exact_mut(64) {
-        tmp.copy_from_slice(&c[16..32]);
-        c.copy_within(32..48, 16);
-        c[32..48].copy_from_slice(&tmp);
-    }
-}
-
 /// The sub-block whose sum lane `l` of [`Dot::q4_k_sums`] holds: the even sub-blocks (low
 /// nibbles) in lanes 0..4, the odd ones in 4..8.
 const Q4K_LANES: [usize; 8] = [0, 2, 4, 6, 1, 3, 5, 7];
@@ -504,13 +491,34 @@ const fn q4_k_slot(v: usize) -> usize {
     64 * i + 32 * h + 4 * (lane_in_half + 4 * upper) + b
 }
 
-/// Per group of four values of a 256-value block (which move together), the group
-/// [`q6_k_slot`] (`q6`) or [`q4_k_slot`] places it at.
-const fn dword_moves(q6: bool) -> [u8; 64] {
+/// Where value `v` of eight MXFP4 blocks sits in [`mxfp4_order`]: they are read as registers
+/// `lo_0, hi_0, … lo_3, hi_3` ([`mxfp4_oct`]); byte `4l + e` of `lo_i` (`hi_i`) is value
+/// `4i + e` (`16 + 4i + e`) of block `l`.
+const fn mxfp4_slot(v: usize) -> usize {
+    let (l, x) = (v / 32, v % 32);
+    64 * (x % 16 / 4) + 32 * (x / 16) + 4 * l + x % 4
+}
+
+/// The int8 orders of [`dword_moves`].
+#[derive(Clone, Copy)]
+enum Order {
+    Q4K,
+    Q6K,
+    Mxfp4,
+}
+
+/// Per group of four values of a 256-value block (which move together), the group `order`
+/// places it at.
+const fn dword_moves(order: Order) -> [u8; 64] {
     let mut m = [0u8; 64];
     let mut g = 0;
     while g < 64 {
-        m[g] = ((if q6 { q6_k_slot(4 * g) } else { q4_k_slot(4 * g) }) / 4) as u8;
+        let slot = match order {
+            Order::Q4K => q4_k_slot(4 * g),
+            Order::Q6K => q6_k_slot(4 * g),
+            Order::Mxfp4 => mxfp4_slot(4 * g),
+        };
+        m[g] = (slot / 4) as u8;
         g += 1;
     }
     m
@@ -529,11 +537,19 @@ fn move_dwords(q: &mut [i8], moves: &[u8; 64]) {
     }
 }
 
+/// Puts one token's int8 codes `q` in the order [`mxfp4_oct`] reads: each whole run of eight
+/// blocks as [`mxfp4_slot`] places it, the blocks after the last run as they are.
+pub(crate) fn mxfp4_order(q: &mut [i8]) {
+    const MOVES: [u8; 64] = dword_moves(Order::Mxfp4);
+    let whole = q.len() / 256 * 256;
+    move_dwords(&mut q[..whole], &MOVES);
+}
+
 /// Puts each token's int8 codes `q` and scales `d` (one per 32 values) in the order
 /// [`q4_k_blk`] reads: per 256-value block the codes as [`q4_k_slot`] places them and the
 /// eight scales in the lane order of the sums ([`Q4K_LANES`]).
 pub(crate) fn q4_k_order(q: &mut [i8], d: &mut [f32]) {
-    const MOVES: [u8; 64] = dword_moves(false);
+    const MOVES: [u8; 64] = dword_moves(Order::Q4K);
     move_dwords(q, &MOVES);
     for g in d.chunks_exact_mut(8) {
         let natural = [g[0], g[1], g[2], g[3], g[4], g[5], g[6], g[7]];
@@ -639,7 +655,7 @@ const fn q6_k_slot(v: usize) -> usize {
 /// Puts each token's int8 codes `q` in the order [`q6_k_blk`] reads ([`q6_k_slot`] per
 /// 256-value block); the scales keep theirs.
 pub(crate) fn q6_k_order(q: &mut [i8]) {
-    const MOVES: [u8; 64] = dword_moves(true);
+    const MOVES: [u8; 64] = dword_moves(Order::Q6K);
     move_dwords(q, &MOVES);
 }
 

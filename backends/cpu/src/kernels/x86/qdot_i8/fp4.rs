@@ -68,27 +68,40 @@ unsafe fn halves_at(p: *const f32) -> __m256 {
     halves(_mm_castsi128_ps(_mm_loadl_epi64(p as *const __m128i)))
 }
 
-/// MXFP4, two blocks a step: the blocks' 16 code bytes side by side give both blocks' low
-/// nibbles and both blocks' high nibbles, against activations in [`quarters_0213`], added into
-/// one i32 vector whose lanes 0..4 are the first block and 4..8 the second; one conversion and
-/// one multiply-add per two blocks.
+/// MXFP4, eight blocks a step: the blocks' code bytes transposed by dwords
+/// ([`super::dwords_4x4`]), so lane `l` of every register is block `l`, against activations in
+/// [`super::mxfp4_order`]; the eight registers' products add into one i32 vector and meet the
+/// blocks' scales in one conversion and one multiply-add per token, where each pair of blocks
+/// took one of each and a scale spread.
 #[inline(always)]
-pub(super) unsafe fn mxfp4_pair<D: Dot, const R: usize, const N: usize>(
+pub(super) unsafe fn mxfp4_oct<D: Dot, const R: usize, const N: usize>(
     w: &[*const u8; R],
     q: &[*const i8; N],
     d: &[*const f32; N],
     _a: &[*const f32; N],
     acc: &mut Acc<R, N>,
 ) {
+    let (table, m4) = (e2m1_table(), _mm256_set1_epi8(0x0f));
     for r in 0..R {
         let p = w[r];
-        let codes = e2m1_nibbles(_mm256_loadu2_m128i(p.add(18) as *const __m128i, p.add(1) as *const __m128i));
-        let e = (e8m0_bits(*p) as u64) | ((e8m0_bits(*p.add(17)) as u64) << 32);
-        // The two blocks' scales `2^e` in lanes 0..4 and 4..8.
-        let ev = halves(_mm_castsi128_ps(_mm_cvtsi64_si128(e as i64)));
+        // Blocks b and b + 4 side by side (codes after each block's scale byte). Written out:
+        // as array maps, LLVM left them a call each.
+        let (mut y, mut lo, mut hi, mut e) = ([_mm256_setzero_si256(); 4], [_mm256_setzero_si256(); 4], [_mm256_setzero_si256(); 4], [0i32; 8]);
+        for b in 0..4 {
+            y[b] = _mm256_loadu2_m128i(p.add(17 * (b + 4) + 1) as *const __m128i, p.add(17 * b + 1) as *const __m128i);
+        }
+        let z = dwords_4x4(y);
+        for i in 0..4 {
+            lo[i] = _mm256_shuffle_epi8(table, _mm256_and_si256(z[i], m4));
+            hi[i] = _mm256_shuffle_epi8(table, _mm256_and_si256(_mm256_srli_epi16::<4>(z[i]), m4));
+        }
+        for (b, e) in e.iter_mut().enumerate() {
+            *e = e8m0_bits(*p.add(17 * b)) as i32;
+        }
+        let ev = _mm256_castsi256_ps(_mm256_loadu_si256(e.as_ptr() as *const __m256i));
         for t in 0..N {
-            let dot = e2m1_dot::<D>(&codes, q[t]);
-            acc[r][t][0] = _mm256_fmadd_ps(cvt(dot), _mm256_mul_ps(ev, halves_at(d[t])), acc[r][t][0]);
+            let sums = cvt(D::e2m1_sums(&lo, &hi, q[t]));
+            acc[r][t][0] = _mm256_fmadd_ps(sums, _mm256_mul_ps(ev, _mm256_loadu_ps(d[t])), acc[r][t][0]);
         }
     }
 }

@@ -127,6 +127,19 @@ pub(super) trait Dot {
     unsafe fn q5_k_sums(l: &[__m256i; 4], h: &[__m256i; 4], a: *const i8) -> __m256i {
         k4_sums::<Self>(l, h, a)
     }
+    /// Eight MXFP4 blocks' sums against one token's codes at `a` ([`super::mxfp4_order`]):
+    /// `lo[i]`, `hi[i]` their transposed doubled E2M1 values ([`super::fp4::mxfp4_oct`]), lane
+    /// `l` of the result block `l`'s sum (each code's sign moved onto its activation).
+    #[inline(always)]
+    unsafe fn e2m1_sums(lo: &[__m256i; 4], hi: &[__m256i; 4], a: *const i8) -> __m256i {
+        let ld = |i: usize| _mm256_loadu_si256(a.add(32 * i) as *const __m256i);
+        let dot = |c: __m256i, i: usize| Self::dot_u(_mm256_sign_epi8(c, c), _mm256_sign_epi8(ld(i), c));
+        let dot_acc = |s: __m256i, c: __m256i, i: usize| Self::dot_u_acc(s, _mm256_sign_epi8(c, c), _mm256_sign_epi8(ld(i), c));
+        _mm256_add_epi32(
+            _mm256_add_epi32(dot_acc(dot(lo[0], 0), hi[0], 1), dot_acc(dot(lo[1], 2), hi[1], 3)),
+            _mm256_add_epi32(dot_acc(dot(lo[2], 4), hi[2], 5), dot_acc(dot(lo[3], 6), hi[3], 7)),
+        )
+    }
     /// Half a Q6_K block's sub-block sums against one token's codes at `a` ([`super::q6_k_order`]):
     /// `z` its transposed code registers ([`super::q6_k_blk`]), lane `k` of the result the
     /// sum of the half's sub-block [`super::Q4K_LANES`]`[k]`.
@@ -262,6 +275,16 @@ impl Dot for Madd {
         let hi = _mm256_add_epi16(_mm256_add_epi16(m(h[0], 1), m(h[1], 3)), _mm256_add_epi16(m(h[2], 5), m(h[3], 7)));
         let (lo, hi) = (_mm256_madd_epi16(lo, one), _mm256_madd_epi16(hi, one));
         _mm256_add_epi32(_mm256_permute2x128_si256::<0x20>(lo, hi), _mm256_permute2x128_si256::<0x31>(lo, hi))
+    }
+    /// [`Dot::e2m1_sums`] in 16 bits until the last step: each lane adds 16 products of a
+    /// doubled E2M1 magnitude (at most 12) and an activation, at most `16·12·127 = 24384`.
+    #[inline(always)]
+    unsafe fn e2m1_sums(lo: &[__m256i; 4], hi: &[__m256i; 4], a: *const i8) -> __m256i {
+        let ld = |i: usize| _mm256_loadu_si256(a.add(32 * i) as *const __m256i);
+        let m = |c: __m256i, i: usize| _mm256_maddubs_epi16(_mm256_sign_epi8(c, c), _mm256_sign_epi8(ld(i), c));
+        let s0 = _mm256_add_epi16(_mm256_add_epi16(m(lo[0], 0), m(hi[0], 1)), _mm256_add_epi16(m(lo[1], 2), m(hi[1], 3)));
+        let s1 = _mm256_add_epi16(_mm256_add_epi16(m(lo[2], 4), m(hi[2], 5)), _mm256_add_epi16(m(lo[3], 6), m(hi[3], 7)));
+        _mm256_madd_epi16(_mm256_add_epi16(s0, s1), _mm256_set1_epi16(1))
     }
     /// [`Dot::q6_k_sums`] with two registers' pair sums added in 16 bits: 4 products of a
     /// 6-bit code and an activation, at most `4·63·127 = 32004`.

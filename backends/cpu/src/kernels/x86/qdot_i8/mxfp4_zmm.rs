@@ -1,8 +1,8 @@
 //! MXFP4 on 512-bit registers ([`Isa::Avx512Vbmi`]): four blocks (68 bytes) a step.
 //!
-//! The 256-bit kernel ([`super::fp4::mxfp4_pair`]) spends most of its instructions on work per
-//! block: two scalar E8M0 decodes, lane inserts, and sign moves for `vpmaddubsw`'s unsigned
-//! operand; it streamed ~14 GB/s of weights per core, about a core's memory bandwidth, so decode
+//! The 256-bit kernel of its day (two blocks a step, since replaced by
+//! [`super::fp4::mxfp4_oct`]) spent most of its instructions on work per block: two scalar E8M0
+//! decodes, lane inserts, and sign moves for `vpmaddubsw`'s unsigned operand; it streamed ~14 GB/s of weights per core, about a core's memory bandwidth, so decode
 //! was compute-bound. Here one `vpermi2b` gathers the 64 code bytes of four blocks out of their
 //! 68, one masked `vpermb` places the four exponents one per 32-bit lane, the codes widen through
 //! a table to the unsigned `2·e2m1 + 12` (0..24), and `vpdpbusd` meets the activations as they
