@@ -182,7 +182,24 @@ unsafe fn k4_sums<D: Dot + ?Sized>(l: &[__m256i; 4], h: &[__m256i; 4], a: *const
         D::dot_u_acc(D::dot_u(h[0], ld(1)), h[1], ld(3)),
         D::dot_u_acc(D::dot_u(h[2], ld(5)), h[3], ld(7)),
     );
-    _mm256_add_epi32(_mm256_permute2x128_si256::<0x20>(lo, hi), _mm256_permute2x128_si256::<0x31>(lo, hi))
+    halves_epi32(lo, hi)
+}
+
+/// `[x.low + x.high | y.low + y.high]` of 128-bit halves, in 32-bit lanes.
+#[inline(always)]
+unsafe fn halves_epi32(x: __m256i, y: __m256i) -> __m256i {
+    _mm256_add_epi32(_mm256_permute2x128_si256::<0x20>(x, y), _mm256_permute2x128_si256::<0x31>(x, y))
+}
+
+/// The 16-bit pair sums of a Q4_K or Q5_K block's four `l` registers and of its four `h`
+/// registers against a token's codes at `a` ([`Dot::q4_k_sums`]), by `vpmaddubsw`.
+#[inline(always)]
+unsafe fn k4_pairs16(l: &[__m256i; 4], h: &[__m256i; 4], a: *const i8) -> (__m256i, __m256i) {
+    let m = |u: __m256i, i: usize| _mm256_maddubs_epi16(u, _mm256_loadu_si256(a.add(32 * i) as *const __m256i));
+    (
+        _mm256_add_epi16(_mm256_add_epi16(m(l[0], 0), m(l[1], 2)), _mm256_add_epi16(m(l[2], 4), m(l[3], 6))),
+        _mm256_add_epi16(_mm256_add_epi16(m(h[0], 1), m(h[1], 3)), _mm256_add_epi16(m(h[2], 5), m(h[3], 7))),
+    )
 }
 
 /// [`Dot::k4_scaled`] through general registers: the 6-bit fields gathered by shifts and
@@ -257,10 +274,7 @@ impl Dot for Madd {
     /// eight registers add without saturating and one `vpmaddwd` widens them.
     #[inline(always)]
     unsafe fn q4_k_sums(l: &[__m256i; 4], h: &[__m256i; 4], a: *const i8) -> __m256i {
-        let ld = |i: usize| _mm256_loadu_si256(a.add(32 * i) as *const __m256i);
-        let m = |u: __m256i, i: usize| _mm256_maddubs_epi16(u, ld(i));
-        let lo = _mm256_add_epi16(_mm256_add_epi16(m(l[0], 0), m(l[1], 2)), _mm256_add_epi16(m(l[2], 4), m(l[3], 6)));
-        let hi = _mm256_add_epi16(_mm256_add_epi16(m(h[0], 1), m(h[1], 3)), _mm256_add_epi16(m(h[2], 5), m(h[3], 7)));
+        let (lo, hi) = k4_pairs16(l, h, a);
         let pairs = _mm256_add_epi16(_mm256_permute2x128_si256::<0x20>(lo, hi), _mm256_permute2x128_si256::<0x31>(lo, hi));
         _mm256_madd_epi16(pairs, _mm256_set1_epi16(1))
     }
@@ -268,13 +282,9 @@ impl Dot for Madd {
     /// of a 5-bit code and an activation, at most `8·31·127 = 31496`; the halves add in i32.
     #[inline(always)]
     unsafe fn q5_k_sums(l: &[__m256i; 4], h: &[__m256i; 4], a: *const i8) -> __m256i {
-        let ld = |i: usize| _mm256_loadu_si256(a.add(32 * i) as *const __m256i);
-        let m = |u: __m256i, i: usize| _mm256_maddubs_epi16(u, ld(i));
+        let (lo, hi) = k4_pairs16(l, h, a);
         let one = _mm256_set1_epi16(1);
-        let lo = _mm256_add_epi16(_mm256_add_epi16(m(l[0], 0), m(l[1], 2)), _mm256_add_epi16(m(l[2], 4), m(l[3], 6)));
-        let hi = _mm256_add_epi16(_mm256_add_epi16(m(h[0], 1), m(h[1], 3)), _mm256_add_epi16(m(h[2], 5), m(h[3], 7)));
-        let (lo, hi) = (_mm256_madd_epi16(lo, one), _mm256_madd_epi16(hi, one));
-        _mm256_add_epi32(_mm256_permute2x128_si256::<0x20>(lo, hi), _mm256_permute2x128_si256::<0x31>(lo, hi))
+        halves_epi32(_mm256_madd_epi16(lo, one), _mm256_madd_epi16(hi, one))
     }
     /// [`Dot::e2m1_sums`] in 16 bits until the last step: each lane adds 16 products of a
     /// doubled E2M1 magnitude (at most 12) and an activation, at most `16·12·127 = 24384`.
@@ -417,6 +427,74 @@ mod tests {
                 let n0 = std::mem::transmute::<__m256i, [u8; 32]>(nibbles_lo_hi(b.as_ptr()));
                 let n1 = std::mem::transmute::<__m256i, [u8; 32]>(nibbles_gfni(b.as_ptr()));
                 assert_eq!(n0, n1, "nibbles of {b:02x?}");
+            }
+        }
+    }
+
+    /// Madd's block sums that add pair sums of several registers in 16 bits give the i32
+    /// sums at their documented bounds (every code at its largest magnitude against ±127
+    /// everywhere) and on random codes: Q4_K (15) and Q5_K (31) against the per-register
+    /// widening of [`k4_sums`], Q6_K (63) and E2M1 (±12) against sums of the bytes.
+    #[test]
+    fn madd_block_sums_add_in_16_bits_without_saturating() {
+        if !std::arch::is_x86_feature_detected!("avx2") {
+            eprintln!("skipped: this CPU has no AVX2");
+            return;
+        }
+        let mut rng = Rng::new(0x3e3);
+        let reg = |v: &[u8; 32]| unsafe { _mm256_loadu_si256(v.as_ptr() as *const __m256i) };
+        let lanes = |v: __m256i| unsafe { std::mem::transmute::<__m256i, [i32; 8]>(v) };
+        for case in 0..3_000 {
+            // Activations: all +127, all −127, then random in −127..=127.
+            let mut a = [0i8; 256];
+            for v in a.iter_mut() {
+                *v = match case {
+                    0 | 4 => 127,
+                    1 | 5 => -127,
+                    _ => ((rng.next_u64() % 255) as i32 - 127) as i8,
+                };
+            }
+            let mut codes = |max: u8, signed: bool| -> [[u8; 32]; 8] {
+                let mut c = [[0u8; 32]; 8];
+                for b in c.iter_mut().flatten() {
+                    let r = rng.next_u64();
+                    let m = if case < 4 { max } else { (r % (max as u64 + 1)) as u8 };
+                    *b = if signed && (r >> 32) & 1 == 1 { m.wrapping_neg() } else { m };
+                }
+                c
+            };
+            let (c4, c5, c6, ce) = (codes(15, false), codes(31, false), codes(63, false), codes(12, true));
+            let split = |c: &[[u8; 32]; 8]| ([0, 1, 2, 3].map(|i| reg(&c[i])), [4, 5, 6, 7].map(|i| reg(&c[i])));
+            // SAFETY: AVX2 is present (checked above); every load reads 32 bytes of a 32-byte
+            // array or of `a`'s 256.
+            unsafe {
+                let ap = a.as_ptr();
+                for (c, name) in [(&c4, "Q4_K"), (&c5, "Q5_K")] {
+                    let (l, h) = split(c);
+                    let got = if name == "Q4_K" { Madd::q4_k_sums(&l, &h, ap) } else { Madd::q5_k_sums(&l, &h, ap) };
+                    assert_eq!(lanes(got), lanes(k4_sums::<Madd>(&l, &h, ap)), "{name} case {case}");
+                }
+                // Q6_K: register i against activations 32i..; lane k sums bytes 4k..4k + 4.
+                let want = |c: &[[u8; 32]; 8], regs: usize, signed: bool| -> [i32; 8] {
+                    let mut w = [0i32; 8];
+                    for (i, ci) in c.iter().take(regs).enumerate() {
+                        for (b, &v) in ci.iter().enumerate() {
+                            let v = if signed { v as i8 as i32 } else { v as i32 };
+                            w[b / 4] += v * a[32 * i + b] as i32;
+                        }
+                    }
+                    w
+                };
+                let z = [0, 1, 2, 3].map(|i| reg(&c6[i]));
+                assert_eq!(lanes(Madd::q6_k_sums(&z, ap)), want(&c6, 4, false), "Q6_K case {case}");
+                // E2M1: lo[i] against activations 64i.., hi[i] against 64i + 32...
+                let order = [0, 4, 1, 5, 2, 6, 3, 7];
+                let mut ce_in_order = [[0u8; 32]; 8];
+                for (o, &j) in ce_in_order.iter_mut().zip(&order) {
+                    *o = ce[j];
+                }
+                let (lo, hi) = split(&ce);
+                assert_eq!(lanes(Madd::e2m1_sums(&lo, &hi, ap)), want(&ce_in_order, 8, true), "E2M1 case {case}");
             }
         }
     }

@@ -10,7 +10,7 @@
 //! once per token ([`extras`]). The integer sums are exact, as in the 256-bit kernel; only the
 //! order of the f32 additions differs.
 //!
-//! Activations are in [`order`] (per four blocks: values 0..16 of each block, then 16..32); a
+//! Activations are in [`order()`] (per four blocks: values 0..16 of each block, then 16..32); a
 //! row's last `blocks % 4` blocks keep the natural order and the one-block kernel.
 
 use super::*;

@@ -1,0 +1,144 @@
+//! The K types' int8 kernels (Q4_K, Q5_K, Q6_K): each block's code registers transposed by
+//! dwords, so that each 32-bit lane of a token's sums holds one sub-block and the block meets
+//! its scales in one conversion and one multiply-add per token (per half for Q6_K).
+
+#[cfg(doc)]
+use super::order::{q4_k_order, q6_k_order, Q4K_LANES};
+use super::{cvt, f16_splat, permps, shl16, Acc, Dot};
+use std::arch::x86_64::*;
+
+/// Register `i` of the result: dword `i` of each of `c[0..4]`, then (upper 128-bit half)
+/// dword `i + 4` of each.
+#[inline(always)]
+pub(super) unsafe fn dwords_4x4(c: [__m256i; 4]) -> [__m256i; 4] {
+    let (lo01, lo23) = (_mm256_unpacklo_epi32(c[0], c[1]), _mm256_unpacklo_epi32(c[2], c[3]));
+    let (hi01, hi23) = (_mm256_unpackhi_epi32(c[0], c[1]), _mm256_unpackhi_epi32(c[2], c[3]));
+    [
+        _mm256_unpacklo_epi64(lo01, lo23),
+        _mm256_unpackhi_epi64(lo01, lo23),
+        _mm256_unpacklo_epi64(hi01, hi23),
+        _mm256_unpackhi_epi64(hi01, hi23),
+    ]
+}
+
+/// Q4_K: `Σ_j (d·sc_j·d_j)·Σ q·a − Σ_j (dmin·m_j)·S_j` over the 8 sub-blocks of 32. The four
+/// 32-byte runs of codes (run `c`: sub-block `2c` in the low nibbles, `2c + 1` in the high)
+/// are transposed by dwords, so that each register holds four codes of every sub-block and
+/// lane `l` of each product sums sub-block [`Q4K_LANES`]`[l]`; the whole block's integer sums
+/// then meet their scales in one conversion and one multiply-add per token, where the
+/// sub-block pairs took four of each and a scale permute apiece.
+#[inline(always)]
+pub(super) unsafe fn q4_k_blk<D: Dot, const R: usize, const N: usize>(
+    w: &[*const u8; R],
+    q: &[*const i8; N],
+    d: &[*const f32; N],
+    a: &[*const f32; N],
+    acc: &mut Acc<R, N>,
+) {
+    let m4 = _mm256_set1_epi8(0x0f);
+    let lanes = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
+    for r in 0..R {
+        let p = w[r];
+        let (scd, mv) = D::k4_scaled(p);
+        let scd = permps(scd, lanes);
+        let z = dwords_4x4([0, 1, 2, 3].map(|c| _mm256_loadu_si256(p.add(16 + 32 * c) as *const __m256i)));
+        let l = z.map(|v| _mm256_and_si256(v, m4));
+        let h = z.map(|v| _mm256_and_si256(_mm256_srli_epi16::<4>(v), m4));
+        // One accumulator per token (the min term too): with two, four tokens' sums and the
+        // eight code registers did not fit the sixteen registers, and the sums went to the
+        // stack and back every block.
+        for t in 0..N {
+            let s = _mm256_mul_ps(scd, _mm256_loadu_ps(d[t]));
+            let v = _mm256_fmadd_ps(cvt(D::q4_k_sums(&l, &h, q[t])), s, acc[r][t][0]);
+            acc[r][t][0] = _mm256_fnmadd_ps(mv, _mm256_loadu_ps(a[t]), v);
+        }
+    }
+}
+
+/// Q5_K: as Q4_K (the same activation order and lanes), the fifth bit of value `32s + l` being
+/// bit `s` of `qh[l]`: the 5-bit codes of the low and of the high nibbles are transposed
+/// apart.
+#[inline(always)]
+pub(super) unsafe fn q5_k_blk<D: Dot, const R: usize, const N: usize>(
+    w: &[*const u8; R],
+    q: &[*const i8; N],
+    d: &[*const f32; N],
+    a: &[*const f32; N],
+    acc: &mut Acc<R, N>,
+) {
+    let (m4, b4) = (_mm256_set1_epi8(0x0f), _mm256_set1_epi8(0x10));
+    let lanes = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
+    for r in 0..R {
+        let p = w[r];
+        let (scd, mv) = D::k4_scaled(p);
+        let scd = permps(scd, lanes);
+        let qh = _mm256_loadu_si256(p.add(16) as *const __m256i);
+        let (mut lo, mut hi) = ([_mm256_setzero_si256(); 4], [_mm256_setzero_si256(); 4]);
+        for c in 0..4 {
+            let v = _mm256_loadu_si256(p.add(48 + 32 * c) as *const __m256i);
+            // Bit s of each qh byte moved to bit 4 (16-bit shifts, then a per-byte mask).
+            let bl = _mm256_and_si256(shl16(qh, 4 - 2 * c as i32), b4);
+            let bh = _mm256_and_si256(shl16(qh, 3 - 2 * c as i32), b4);
+            lo[c] = _mm256_or_si256(_mm256_and_si256(v, m4), bl);
+            hi[c] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(v), m4), bh);
+        }
+        let (l, h) = (dwords_4x4(lo), dwords_4x4(hi));
+        for t in 0..N {
+            let s = _mm256_mul_ps(scd, _mm256_loadu_ps(d[t]));
+            let v = _mm256_fmadd_ps(cvt(D::q5_k_sums(&l, &h, q[t])), s, acc[r][t][0]);
+            acc[r][t][0] = _mm256_fnmadd_ps(mv, _mm256_loadu_ps(a[t]), v);
+        }
+    }
+}
+
+/// Q6_K: `Σ_i d·sc_i·d_g·Σ q·a − 32·d·Σ_i sc_i·S_i` over the 16 sub-blocks of 16 (`q`
+/// unsigned 6-bit), 128 values a step. Each half's four code registers (two sub-blocks
+/// each) are transposed by dwords as in [`q4_k_blk`], so lane `l` of a token's sums is the
+/// half's sub-block [`Q4K_LANES`]`[l]`, whose activation group is lane `l mod 4`'s: one
+/// conversion and one multiply-add per half and token, where each pair of sub-blocks took
+/// one of each and a scale multiply.
+#[inline(always)]
+pub(super) unsafe fn q6_k_blk<D: Dot, const R: usize, const N: usize>(
+    w: &[*const u8; R],
+    q: &[*const i8; N],
+    d: &[*const f32; N],
+    a: &[*const f32; N],
+    acc: &mut Acc<R, N>,
+) {
+    let (m4, m2) = (_mm256_set1_epi8(0x0f), _mm256_set1_epi8(0x30));
+    let lanes = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
+    for r in 0..R {
+        let p = w[r];
+        let dd = f16_splat(p.add(208));
+        let sc8 = _mm_loadu_si128(p.add(192) as *const __m128i);
+        let sc0 = cvt(_mm256_cvtepi8_epi32(sc8));
+        let sc1 = cvt(_mm256_cvtepi8_epi32(_mm_srli_si128::<8>(sc8)));
+        let m32 = _mm256_mul_ps(_mm256_set1_ps(32.0), dd);
+        let (o0, o1) = (_mm256_mul_ps(sc0, m32), _mm256_mul_ps(sc1, m32));
+        for t in 0..N {
+            acc[r][t][1] = _mm256_fnmadd_ps(o0, _mm256_loadu_ps(a[t]), acc[r][t][1]);
+            acc[r][t][1] = _mm256_fnmadd_ps(o1, _mm256_loadu_ps(a[t].add(8)), acc[r][t][1]);
+        }
+        // `d·sc_i` of each half's sub-blocks in the lane order of the sums.
+        let f = [permps(_mm256_mul_ps(sc0, dd), lanes), permps(_mm256_mul_ps(sc1, dd), lanes)];
+        for h in 0..2 {
+            // Values 128h + 32·quarter + l: low 4 bits in ql byte 64h + 32·(quarter % 2) + l
+            // (nibble quarter / 2), top 2 bits in qh byte 32h + l (bits 2·quarter).
+            let ql0 = _mm256_loadu_si256(p.add(64 * h) as *const __m256i);
+            let ql1 = _mm256_loadu_si256(p.add(64 * h + 32) as *const __m256i);
+            let qh = _mm256_loadu_si256(p.add(128 + 32 * h) as *const __m256i);
+            let qv = [
+                D::and_or(ql0, m4, _mm256_and_si256(_mm256_slli_epi16::<4>(qh), m2)),
+                D::and_or(ql1, m4, _mm256_and_si256(_mm256_slli_epi16::<2>(qh), m2)),
+                D::and_or(_mm256_srli_epi16::<4>(ql0), m4, _mm256_and_si256(qh, m2)),
+                D::and_or(_mm256_srli_epi16::<4>(ql1), m4, _mm256_and_si256(_mm256_srli_epi16::<2>(qh), m2)),
+            ];
+            let z = dwords_4x4(qv);
+            for t in 0..N {
+                let sums = cvt(D::q6_k_sums(&z, q[t].add(128 * h)));
+                let s = _mm256_mul_ps(f[h], _mm256_broadcast_ps(&*(d[t].add(4 * h) as *const __m128)));
+                acc[r][t][h] = _mm256_fmadd_ps(sums, s, acc[r][t][h]);
+            }
+        }
+    }
+}

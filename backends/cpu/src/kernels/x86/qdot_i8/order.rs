@@ -1,0 +1,105 @@
+//! The orders the int8 kernels that transpose their codes read a token's activations in
+//! ([`super::kquants`], [`super::fp4::mxfp4_oct`]): whole 256-value blocks whose groups of
+//! four values move together, so that byte `4l + e` of each register the kernel reads meets
+//! the code in that byte.
+
+#[cfg(doc)]
+use super::{fp4::mxfp4_oct, kquants::{q4_k_blk, q6_k_blk}, Dot};
+
+/// The sub-block whose sum lane `l` of [`Dot::q4_k_sums`] holds: the even sub-blocks (low
+/// nibbles) in lanes 0..4, the odd ones in 4..8.
+pub(super) const Q4K_LANES: [usize; 8] = [0, 2, 4, 6, 1, 3, 5, 7];
+
+/// Where value `v` of a Q4_K block sits in [`q4_k_order`]: the block is read as eight
+/// registers `L0, H0, … L3, H3` ([`q4_k_blk`]); byte `4l + b` of `L_i` (`H_i`) is value `4i + b`
+/// (`4(i + 4) + b` for `l ≥ 4`) of sub-block `2(l mod 4)` (`2(l mod 4) + 1`).
+const fn q4_k_slot(v: usize) -> usize {
+    let (j, e) = (v / 32, v % 32);
+    let (h, lane_in_half) = (j % 2, j / 2);
+    let (i, upper, b) = ((e / 4) % 4, e / 16, e % 4);
+    64 * i + 32 * h + 4 * (lane_in_half + 4 * upper) + b
+}
+
+/// Where value `v` of eight MXFP4 blocks sits in [`mxfp4_order`]: they are read as registers
+/// `lo_0, hi_0, … lo_3, hi_3` ([`mxfp4_oct`]); byte `4l + e` of `lo_i` (`hi_i`) is value
+/// `4i + e` (`16 + 4i + e`) of block `l`.
+const fn mxfp4_slot(v: usize) -> usize {
+    let (l, x) = (v / 32, v % 32);
+    64 * (x % 16 / 4) + 32 * (x / 16) + 4 * l + x % 4
+}
+
+/// The int8 orders of [`dword_moves`].
+#[derive(Clone, Copy)]
+enum Order {
+    Q4K,
+    Q6K,
+    Mxfp4,
+}
+
+/// Per group of four values of a 256-value block (which move together), the group `order`
+/// places it at.
+const fn dword_moves(order: Order) -> [u8; 64] {
+    let mut m = [0u8; 64];
+    let mut g = 0;
+    while g < 64 {
+        let slot = match order {
+            Order::Q4K => q4_k_slot(4 * g),
+            Order::Q6K => q6_k_slot(4 * g),
+            Order::Mxfp4 => mxfp4_slot(4 * g),
+        };
+        m[g] = (slot / 4) as u8;
+        g += 1;
+    }
+    m
+}
+
+/// Moves each 256-value block's groups of four codes as `moves` says.
+fn move_dwords(q: &mut [i8], moves: &[u8; 64]) {
+    let mut tmp = [0u32; 64];
+    for c in q.chunks_exact_mut(256) {
+        for (g, &to) in moves.iter().enumerate() {
+            tmp[to as usize] = u32::from_ne_bytes([c[4 * g], c[4 * g + 1], c[4 * g + 2], c[4 * g + 3]].map(|v| v as u8));
+        }
+        for (o, v) in c.chunks_exact_mut(4).zip(&tmp) {
+            o.copy_from_slice(&v.to_ne_bytes().map(|b| b as i8));
+        }
+    }
+}
+
+/// Puts one token's int8 codes `q` in the order [`mxfp4_oct`] reads: each whole run of eight
+/// blocks as [`mxfp4_slot`] places it, the blocks after the last run as they are.
+pub(crate) fn mxfp4_order(q: &mut [i8]) {
+    const MOVES: [u8; 64] = dword_moves(Order::Mxfp4);
+    let whole = q.len() / 256 * 256;
+    move_dwords(&mut q[..whole], &MOVES);
+}
+
+/// Puts each token's int8 codes `q` and scales `d` (one per 32 values) in the order
+/// [`q4_k_blk`] reads: per 256-value block the codes as [`q4_k_slot`] places them and the
+/// eight scales in the lane order of the sums ([`Q4K_LANES`]).
+pub(crate) fn q4_k_order(q: &mut [i8], d: &mut [f32]) {
+    const MOVES: [u8; 64] = dword_moves(Order::Q4K);
+    move_dwords(q, &MOVES);
+    for g in d.chunks_exact_mut(8) {
+        let natural = [g[0], g[1], g[2], g[3], g[4], g[5], g[6], g[7]];
+        for (o, &j) in g.iter_mut().zip(&Q4K_LANES) {
+            *o = natural[j];
+        }
+    }
+}
+
+/// Where value `v` of a Q6_K block sits in [`q6_k_order`]: each half of 128 values is read as
+/// four registers `Z_0..Z_4` ([`q6_k_blk`]); byte `4l + b` of `Z_i` is value `4i + b` of the
+/// half's sub-block [`Q4K_LANES`]`[l]`.
+const fn q6_k_slot(v: usize) -> usize {
+    let (half, sub, e) = (v / 128, v % 128 / 16, v % 16);
+    let lane = sub / 2 + 4 * (sub % 2);
+    128 * half + 32 * (e / 4) + 4 * lane + e % 4
+}
+
+/// Puts each token's int8 codes `q` in the order [`q6_k_blk`] reads ([`q6_k_slot`] per
+/// 256-value block); the scales keep theirs.
+pub(crate) fn q6_k_order(q: &mut [i8]) {
+    const MOVES: [u8; 64] = dword_moves(Order::Q6K);
+    move_dwords(q, &MOVES);
+}
