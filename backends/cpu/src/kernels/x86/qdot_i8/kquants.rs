@@ -21,12 +21,7 @@ pub(super) unsafe fn dwords_4x4(c: [__m256i; 4]) -> [__m256i; 4] {
     ]
 }
 
-/// Q4_K: `Σ_j (d·sc_j·d_j)·Σ q·a − Σ_j (dmin·m_j)·S_j` over the 8 sub-blocks of 32. The four
-/// 32-byte runs of codes (run `c`: sub-block `2c` in the low nibbles, `2c + 1` in the high)
-/// are transposed by dwords, so that each register holds four codes of every sub-block and
-/// lane `l` of each product sums sub-block [`Q4K_LANES`]`[l]`; the whole block's integer sums
-/// then meet their scales in one conversion and one multiply-add per token, where the
-/// sub-block pairs took four of each and a scale permute apiece.
+/// Q4_K: `Σ_j (d·sc_j·d_j)·Σ q·a − Σ_j (dmin·m_j)·S_j` over the 8 sub-blocks of 32 ([`k4_blk`]).
 #[inline(always)]
 pub(super) unsafe fn q4_k_blk<D: Dot, const R: usize, const N: usize>(
     w: &[*const u8; R],
@@ -35,31 +30,30 @@ pub(super) unsafe fn q4_k_blk<D: Dot, const R: usize, const N: usize>(
     a: &[*const f32; N],
     acc: &mut Acc<R, N>,
 ) {
-    let m4 = _mm256_set1_epi8(0x0f);
-    let lanes = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
-    for r in 0..R {
-        let p = w[r];
-        let (scd, mv) = D::k4_scaled(p);
-        let scd = permps(scd, lanes);
-        let z = dwords_4x4([0, 1, 2, 3].map(|c| _mm256_loadu_si256(p.add(16 + 32 * c) as *const __m256i)));
-        let l = z.map(|v| _mm256_and_si256(v, m4));
-        let h = z.map(|v| _mm256_and_si256(_mm256_srli_epi16::<4>(v), m4));
-        // One accumulator per token (the min term too): with two, four tokens' sums and the
-        // eight code registers did not fit the sixteen registers, and the sums went to the
-        // stack and back every block.
-        for t in 0..N {
-            let s = _mm256_mul_ps(scd, _mm256_loadu_ps(d[t]));
-            let v = _mm256_fmadd_ps(cvt(D::q4_k_sums(&l, &h, q[t])), s, acc[r][t][0]);
-            acc[r][t][0] = _mm256_fnmadd_ps(mv, _mm256_loadu_ps(a[t]), v);
-        }
-    }
+    k4_blk::<D, R, N, false>(w, q, d, a, acc)
 }
 
-/// Q5_K: as Q4_K (the same activation order and lanes), the fifth bit of value `32s + l` being
-/// bit `s` of `qh[l]`: the 5-bit codes of the low and of the high nibbles are transposed
-/// apart.
+/// Q5_K: as Q4_K, the fifth bit of value `32s + l` being bit `s` of `qh[l]` ([`k4_blk`]).
 #[inline(always)]
 pub(super) unsafe fn q5_k_blk<D: Dot, const R: usize, const N: usize>(
+    w: &[*const u8; R],
+    q: &[*const i8; N],
+    d: &[*const f32; N],
+    a: &[*const f32; N],
+    acc: &mut Acc<R, N>,
+) {
+    k4_blk::<D, R, N, true>(w, q, d, a, acc)
+}
+
+/// Q4_K, or Q5_K where `FIVE`. The four 32-byte runs of codes (run `c`: sub-block `2c` in the
+/// low nibbles, `2c + 1` in the high) are transposed by dwords, so that each register holds
+/// four codes of every sub-block and lane `l` of each product sums sub-block
+/// [`Q4K_LANES`]`[l]`; the whole block's integer sums then meet their scales in one conversion
+/// and one multiply-add per token, where the sub-block pairs took four of each and a scale
+/// permute apiece. Q4_K transposes the packed bytes and splits the nibbles after; Q5_K builds
+/// its 5-bit codes first and transposes the low and the high nibbles' apart.
+#[inline(always)]
+unsafe fn k4_blk<D: Dot, const R: usize, const N: usize, const FIVE: bool>(
     w: &[*const u8; R],
     q: &[*const i8; N],
     d: &[*const f32; N],
@@ -72,20 +66,32 @@ pub(super) unsafe fn q5_k_blk<D: Dot, const R: usize, const N: usize>(
         let p = w[r];
         let (scd, mv) = D::k4_scaled(p);
         let scd = permps(scd, lanes);
-        let qh = _mm256_loadu_si256(p.add(16) as *const __m256i);
-        let (mut lo, mut hi) = ([_mm256_setzero_si256(); 4], [_mm256_setzero_si256(); 4]);
-        for c in 0..4 {
-            let v = _mm256_loadu_si256(p.add(48 + 32 * c) as *const __m256i);
-            // Bit s of each qh byte moved to bit 4 (16-bit shifts, then a per-byte mask).
-            let bl = _mm256_and_si256(shl16(qh, 4 - 2 * c as i32), b4);
-            let bh = _mm256_and_si256(shl16(qh, 3 - 2 * c as i32), b4);
-            lo[c] = _mm256_or_si256(_mm256_and_si256(v, m4), bl);
-            hi[c] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(v), m4), bh);
-        }
-        let (l, h) = (dwords_4x4(lo), dwords_4x4(hi));
+        let (l, h) = if FIVE {
+            let qh = _mm256_loadu_si256(p.add(16) as *const __m256i);
+            let (mut lo, mut hi) = ([_mm256_setzero_si256(); 4], [_mm256_setzero_si256(); 4]);
+            for c in 0..4 {
+                let v = _mm256_loadu_si256(p.add(48 + 32 * c) as *const __m256i);
+                // Bit s of each qh byte moved to bit 4 (16-bit shifts, then a per-byte mask).
+                let bl = _mm256_and_si256(shl16(qh, 4 - 2 * c as i32), b4);
+                let bh = _mm256_and_si256(shl16(qh, 3 - 2 * c as i32), b4);
+                lo[c] = _mm256_or_si256(_mm256_and_si256(v, m4), bl);
+                hi[c] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(v), m4), bh);
+            }
+            (dwords_4x4(lo), dwords_4x4(hi))
+        } else {
+            let ld = |c: usize| _mm256_loadu_si256(p.add(16 + 32 * c) as *const __m256i);
+            let z = dwords_4x4([ld(0), ld(1), ld(2), ld(3)]);
+            let lo = |v: __m256i| _mm256_and_si256(v, m4);
+            let hi = |v: __m256i| _mm256_and_si256(_mm256_srli_epi16::<4>(v), m4);
+            ([lo(z[0]), lo(z[1]), lo(z[2]), lo(z[3])], [hi(z[0]), hi(z[1]), hi(z[2]), hi(z[3])])
+        };
+        // One accumulator per token (the min term too): with two, four tokens' sums and the
+        // eight code registers did not fit the sixteen registers, and the sums went to the
+        // stack and back every block.
         for t in 0..N {
             let s = _mm256_mul_ps(scd, _mm256_loadu_ps(d[t]));
-            let v = _mm256_fmadd_ps(cvt(D::q5_k_sums(&l, &h, q[t])), s, acc[r][t][0]);
+            let sums = if FIVE { D::q5_k_sums(&l, &h, q[t]) } else { D::q4_k_sums(&l, &h, q[t]) };
+            let v = _mm256_fmadd_ps(cvt(sums), s, acc[r][t][0]);
             acc[r][t][0] = _mm256_fnmadd_ps(mv, _mm256_loadu_ps(a[t]), v);
         }
     }
