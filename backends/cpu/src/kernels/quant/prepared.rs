@@ -314,7 +314,7 @@ fn int8_codes(x: &[f32], xs: usize, n: usize, kp: usize, dtype: DType, isa: crat
         DType::Q4K | DType::Q5K => qdot_i8::q4_k_order(&mut q, &mut d),
         DType::Q6K => qdot_i8::q6_k_order(&mut q),
         // Per token: whole runs of eight blocks only, the last blocks as they are.
-        DType::Mxfp4 => q.chunks_exact_mut(kp).for_each(qdot_i8::mxfp4_order),
+        DType::Q4_0 | DType::Mxfp4 => q.chunks_exact_mut(kp).for_each(qdot_i8::blocks8_order),
         _ => {}
     }
     Int8 { q, d, extras }

@@ -31,7 +31,7 @@ pub(crate) mod mxfp4_zmm;
 pub(crate) mod q6_k_zmm;
 use fp4::{mxfp4_blk, mxfp4_oct, nvfp4_blk};
 use kquants::{dwords_4x4, q4_k_blk, q5_k_blk, q6_k_blk};
-pub(crate) use order::{mxfp4_order, q4_k_order, q6_k_order};
+pub(crate) use order::{blocks8_order, q4_k_order, q6_k_order};
 #[cfg(doc)]
 use order::Q4K_LANES;
 pub(crate) use isa::Isa;
@@ -265,7 +265,7 @@ macro_rules! kernel {
 
 kernel!(q8_0_rows, q8_0_pair, 32, 34, 0, 1.0, 2, q8_0_blk);
 kernel!(q8_0u_rows, q8_0u_quad, 32, 34, 1, 1.0, 4, q8_0u_blk);
-kernel!(q4_0_rows, q4_0_blk, 32, 18, 1, 1.0);
+kernel!(q4_0_rows, q4_0_oct, 32, 18, 1, 1.0, 8, q4_0_blk);
 kernel!(q4_k_rows, q4_k_blk, 256, 144, 8, 1.0);
 kernel!(q5_k_rows, q5_k_blk, 256, 176, 8, 1.0);
 kernel!(q6_k_rows, q6_k_blk, 256, 210, 16, 1.0);
@@ -273,11 +273,10 @@ kernel!(mxfp4_rows, mxfp4_oct, 32, 17, 0, 0.5, 8, mxfp4_blk);
 kernel!(nvfp4_rows, nvfp4_blk, 256, 148, 0, 0.5);
 
 /// A module `$m` holding, for the sums `$d` and target features `$feat`, one compiled driver
-/// and entry per type (`$r1` rows interleaved for one token: 2 for Q4_0, whose per-block
-/// scale work then overlaps; 1 for Q8_0, whose rows stream from memory 1.7× faster one after
-/// another — one sequential stream per thread, 22–25 GB/s instead of 13–15 on 2 threads
-/// here — and for the types read 256 values a step, whose eight code registers a row leave
-/// no room for a second) and its `run`.
+/// and entry per type (`$r1` rows interleaved for one token: 1 for Q8_0, whose rows stream from
+/// memory 1.7× faster one after another — one sequential stream per thread, 22–25 GB/s instead
+/// of 13–15 on 2 threads here — and for the types read 256 values a step, whose eight code
+/// registers a row leave no room for a second) and its `run`.
 macro_rules! isa_kernels {
     ($m:ident, $d:ty, $feat:tt) => {
         mod $m {
@@ -299,7 +298,7 @@ macro_rules! isa_kernels {
             }
 
             driver!(q8_0, q8_0_rows, 1);
-            driver!(q4_0, q4_0_rows, 2);
+            driver!(q4_0, q4_0_rows, 1);
             driver!(q4_k, q4_k_rows, 1);
             driver!(q5_k, q5_k_rows, 1);
             driver!(q6_k, q6_k_rows, 1);
@@ -455,6 +454,44 @@ unsafe fn q8_0u_quad<D: Dot, const R: usize, const N: usize>(
             acc[r][t][1] = _mm256_fmadd_ps(s1, b1, acc[r][t][1]);
             acc[r][t][0] = _mm256_fmadd_ps(s2, b2, acc[r][t][0]);
             acc[r][t][1] = _mm256_fmadd_ps(s3, b3, acc[r][t][1]);
+        }
+    }
+}
+
+/// Q4_0, eight blocks a step in [`blocks8_order`], as [`fp4::mxfp4_oct`] takes MXFP4's: lane
+/// `l` of every code register is block `l`, the codes unsigned nibbles, so one token's eight
+/// products add into one i32 vector ([`Dot::nib8_sums`]) and meet the blocks' scales in one
+/// conversion and one multiply-add; the offset's `8·d_w·S` of each block comes off its lane.
+#[inline(always)]
+unsafe fn q4_0_oct<D: Dot, const R: usize, const N: usize>(
+    w: &[*const u8; R],
+    q: &[*const i8; N],
+    d: &[*const f32; N],
+    a: &[*const f32; N],
+    acc: &mut Acc<R, N>,
+) {
+    let m4 = _mm256_set1_epi8(0x0f);
+    for r in 0..R {
+        let p = w[r];
+        // Blocks b and b + 4 side by side (codes after each block's f16 scale). Written out:
+        // array maps can cost a call each.
+        let (mut y, mut lo, mut hi, mut h) = ([_mm256_setzero_si256(); 4], [_mm256_setzero_si256(); 4], [_mm256_setzero_si256(); 4], [0u16; 8]);
+        for b in 0..4 {
+            y[b] = _mm256_loadu2_m128i(p.add(18 * (b + 4) + 2) as *const __m128i, p.add(18 * b + 2) as *const __m128i);
+        }
+        let z = dwords_4x4(y);
+        for i in 0..4 {
+            lo[i] = _mm256_and_si256(z[i], m4);
+            hi[i] = _mm256_and_si256(_mm256_srli_epi16::<4>(z[i]), m4);
+        }
+        for (b, h) in h.iter_mut().enumerate() {
+            *h = (p.add(18 * b) as *const u16).read_unaligned();
+        }
+        let dw = _mm256_cvtph_ps(_mm_loadu_si128(h.as_ptr() as *const __m128i));
+        let dw8 = _mm256_mul_ps(dw, _mm256_set1_ps(8.0));
+        for t in 0..N {
+            let v = _mm256_fmadd_ps(cvt(D::nib8_sums(&lo, &hi, q[t])), _mm256_mul_ps(dw, _mm256_loadu_ps(d[t])), acc[r][t][0]);
+            acc[r][t][0] = _mm256_fnmadd_ps(dw8, _mm256_loadu_ps(a[t]), v);
         }
     }
 }

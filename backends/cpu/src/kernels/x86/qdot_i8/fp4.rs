@@ -70,7 +70,7 @@ unsafe fn halves_at(p: *const f32) -> __m256 {
 
 /// MXFP4, eight blocks a step: the blocks' code bytes transposed by dwords
 /// ([`super::dwords_4x4`]), so lane `l` of every register is block `l`, against activations in
-/// [`super::mxfp4_order`]; the eight registers' products add into one i32 vector and meet the
+/// [`super::blocks8_order`]; the eight registers' products add into one i32 vector and meet the
 /// blocks' scales in one conversion and one multiply-add per token, where each pair of blocks
 /// took one of each and a scale spread.
 #[inline(always)]

@@ -127,7 +127,18 @@ pub(super) trait Dot {
     unsafe fn q5_k_sums(l: &[__m256i; 4], h: &[__m256i; 4], a: *const i8) -> __m256i {
         k4_sums::<Self>(l, h, a)
     }
-    /// Eight MXFP4 blocks' sums against one token's codes at `a` ([`super::mxfp4_order`]):
+    /// Eight Q4_0 blocks' sums against one token's codes at `a` ([`super::blocks8_order`]):
+    /// `lo[i]`, `hi[i]` their transposed nibbles ([`super::q4_0_oct`]), lane `l` of the result
+    /// block `l`'s sum.
+    #[inline(always)]
+    unsafe fn nib8_sums(lo: &[__m256i; 4], hi: &[__m256i; 4], a: *const i8) -> __m256i {
+        let ld = |i: usize| _mm256_loadu_si256(a.add(32 * i) as *const __m256i);
+        _mm256_add_epi32(
+            _mm256_add_epi32(Self::dot_u_acc(Self::dot_u(lo[0], ld(0)), hi[0], ld(1)), Self::dot_u_acc(Self::dot_u(lo[1], ld(2)), hi[1], ld(3))),
+            _mm256_add_epi32(Self::dot_u_acc(Self::dot_u(lo[2], ld(4)), hi[2], ld(5)), Self::dot_u_acc(Self::dot_u(lo[3], ld(6)), hi[3], ld(7))),
+        )
+    }
+    /// Eight MXFP4 blocks' sums against one token's codes at `a` ([`super::blocks8_order`]):
     /// `lo[i]`, `hi[i]` their transposed doubled E2M1 values ([`super::fp4::mxfp4_oct`]), lane
     /// `l` of the result block `l`'s sum (each code's sign moved onto its activation).
     #[inline(always)]
@@ -286,6 +297,16 @@ impl Dot for Madd {
         let one = _mm256_set1_epi16(1);
         halves_epi32(_mm256_madd_epi16(lo, one), _mm256_madd_epi16(hi, one))
     }
+    /// [`Dot::nib8_sums`] in 16 bits until the last step: each lane adds 16 products of a
+    /// 4-bit code and an activation, at most `16·15·127 = 30480`.
+    #[inline(always)]
+    unsafe fn nib8_sums(lo: &[__m256i; 4], hi: &[__m256i; 4], a: *const i8) -> __m256i {
+        let ld = |i: usize| _mm256_loadu_si256(a.add(32 * i) as *const __m256i);
+        let m = |c: __m256i, i: usize| _mm256_maddubs_epi16(c, ld(i));
+        let s0 = _mm256_add_epi16(_mm256_add_epi16(m(lo[0], 0), m(hi[0], 1)), _mm256_add_epi16(m(lo[1], 2), m(hi[1], 3)));
+        let s1 = _mm256_add_epi16(_mm256_add_epi16(m(lo[2], 4), m(hi[2], 5)), _mm256_add_epi16(m(lo[3], 6), m(hi[3], 7)));
+        _mm256_madd_epi16(_mm256_add_epi16(s0, s1), _mm256_set1_epi16(1))
+    }
     /// [`Dot::e2m1_sums`] in 16 bits until the last step: each lane adds 16 products of a
     /// doubled E2M1 magnitude (at most 12) and an activation, at most `16·12·127 = 24384`.
     #[inline(always)]
@@ -434,7 +455,7 @@ mod tests {
     /// Madd's block sums that add pair sums of several registers in 16 bits give the i32
     /// sums at their documented bounds (every code at its largest magnitude against ±127
     /// everywhere) and on random codes: Q4_K (15) and Q5_K (31) against the per-register
-    /// widening of [`k4_sums`], Q6_K (63) and E2M1 (±12) against sums of the bytes.
+    /// widening of [`k4_sums`], Q6_K (63), E2M1 (±12) and Q4_0 (15) against sums of the bytes.
     #[test]
     fn madd_block_sums_add_in_16_bits_without_saturating() {
         if !std::arch::is_x86_feature_detected!("avx2") {
@@ -495,6 +516,13 @@ mod tests {
                 }
                 let (lo, hi) = split(&ce);
                 assert_eq!(lanes(Madd::e2m1_sums(&lo, &hi, ap)), want(&ce_in_order, 8, true), "E2M1 case {case}");
+                // Q4_0's nibbles, in E2M1's register order.
+                let mut c4_in_order = [[0u8; 32]; 8];
+                for (o, &j) in c4_in_order.iter_mut().zip(&order) {
+                    *o = c4[j];
+                }
+                let (lo, hi) = split(&c4);
+                assert_eq!(lanes(Madd::nib8_sums(&lo, &hi, ap)), want(&c4_in_order, 8, false), "Q4_0 case {case}");
             }
         }
     }

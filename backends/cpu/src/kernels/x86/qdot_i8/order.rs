@@ -4,7 +4,7 @@
 //! the code in that byte.
 
 #[cfg(doc)]
-use super::{fp4::mxfp4_oct, kquants::{q4_k_blk, q6_k_blk}, Dot};
+use super::{fp4::mxfp4_oct, kquants::{q4_k_blk, q6_k_blk}, q4_0_oct, Dot};
 
 /// The sub-block whose sum lane `l` of [`Dot::q4_k_sums`] holds: the even sub-blocks (low
 /// nibbles) in lanes 0..4, the odd ones in 4..8.
@@ -20,10 +20,11 @@ const fn q4_k_slot(v: usize) -> usize {
     64 * i + 32 * h + 4 * (lane_in_half + 4 * upper) + b
 }
 
-/// Where value `v` of eight MXFP4 blocks sits in [`mxfp4_order`]: they are read as registers
-/// `lo_0, hi_0, … lo_3, hi_3` ([`mxfp4_oct`]); byte `4l + e` of `lo_i` (`hi_i`) is value
+/// Where value `v` of eight 32-value blocks (MXFP4, Q4_0: values `j` and `j + 16` in the low and
+/// high nibbles of byte `j`) sits in [`blocks8_order`]: they are read as registers `lo_0, hi_0,
+/// … lo_3, hi_3` ([`mxfp4_oct`], [`q4_0_oct`]); byte `4l + e` of `lo_i` (`hi_i`) is value
 /// `4i + e` (`16 + 4i + e`) of block `l`.
-const fn mxfp4_slot(v: usize) -> usize {
+const fn blocks8_slot(v: usize) -> usize {
     let (l, x) = (v / 32, v % 32);
     64 * (x % 16 / 4) + 32 * (x / 16) + 4 * l + x % 4
 }
@@ -33,7 +34,7 @@ const fn mxfp4_slot(v: usize) -> usize {
 enum Order {
     Q4K,
     Q6K,
-    Mxfp4,
+    Blocks8,
 }
 
 /// Per group of four values of a 256-value block (which move together), the group `order`
@@ -45,7 +46,7 @@ const fn dword_moves(order: Order) -> [u8; 64] {
         let slot = match order {
             Order::Q4K => q4_k_slot(4 * g),
             Order::Q6K => q6_k_slot(4 * g),
-            Order::Mxfp4 => mxfp4_slot(4 * g),
+            Order::Blocks8 => blocks8_slot(4 * g),
         };
         m[g] = (slot / 4) as u8;
         g += 1;
@@ -66,10 +67,10 @@ fn move_dwords(q: &mut [i8], moves: &[u8; 64]) {
     }
 }
 
-/// Puts one token's int8 codes `q` in the order [`mxfp4_oct`] reads: each whole run of eight
-/// blocks as [`mxfp4_slot`] places it, the blocks after the last run as they are.
-pub(crate) fn mxfp4_order(q: &mut [i8]) {
-    const MOVES: [u8; 64] = dword_moves(Order::Mxfp4);
+/// Puts one token's int8 codes `q` in the order [`mxfp4_oct`] and [`q4_0_oct`] read: each whole
+/// run of eight blocks as [`blocks8_slot`] places it, the blocks after the last run as they are.
+pub(crate) fn blocks8_order(q: &mut [i8]) {
+    const MOVES: [u8; 64] = dword_moves(Order::Blocks8);
     let whole = q.len() / 256 * 256;
     move_dwords(&mut q[..whole], &MOVES);
 }
