@@ -21,13 +21,12 @@ use ft_backend::{DType, Result};
 /// these kernels' rate at 512 tokens): the integer types dequantized to bf16, FP8 as unscaled
 /// codes with its weights exact (`x86::fp8_tiles`). On AVX2 alone (`vpmaddubsw`, Zen 3) the
 /// alternative is f32 tiles over weights decoded to f32; one thread, same shape, int8 at 4
-/// tokens against the f32 tiles at 64: Q4_K 106 / 56 and Q6_K 90 / 50–56 (both with their
-/// codes transposed so that a block meets its scales once per token; Q6_K at 4 tokens was 59
-/// before), Q5_K 65 / 51, Q4_0 66 / 58, Q8_0 68 / 61 go in groups, and MXFP4 (67 / 58 with
-/// [`crate::kernels::x86::qdot_i8`]'s 16-bit pair sums). NVFP4 (56 / 58, 20 at 5 tokens)
-/// keeps the tiles: in groups, the int8 prefill of a short prompt moved the qwen3_5_moe NVFP4
-/// fixture's next logits by 0.79 of their scale (its gated-delta state carries the prefill's
-/// rounding; the tests allow 0.5).
+/// tokens against the f32 tiles at 64: Q4_K 121 / 56, Q5_K 94 / 51, Q6_K 94 / 50–56, Q4_0
+/// 130 / 58 and MXFP4 89 / 58 (their codes transposed so that a block meets its scales once per
+/// token; before that 90, 65, 59, 66 and 68) and Q8_0 68 / 61 go in groups. NVFP4 (56 / 58, 20
+/// at 5 tokens) keeps the tiles: in groups, the int8 prefill of a short prompt moved the
+/// qwen3_5_moe NVFP4 fixture's next logits by 0.79 of their scale (its gated-delta state
+/// carries the prefill's rounding; the tests allow 0.5).
 pub(crate) fn in_groups(level: SimdLevel, dot: QuantDot, dtype: DType, n: usize, k: usize) -> bool {
     #[cfg(target_arch = "x86_64")]
     {
