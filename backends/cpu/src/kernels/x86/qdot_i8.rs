@@ -460,7 +460,7 @@ unsafe fn q8_0u_quad<D: Dot, const R: usize, const N: usize>(
 
 /// Q4_0, eight blocks a step in [`blocks8_order`], as [`fp4::mxfp4_oct`] takes MXFP4's: lane
 /// `l` of every code register is block `l`, the codes unsigned nibbles, so one token's eight
-/// products add into one i32 vector ([`Dot::nib8_sums`]) and meet the blocks' scales in one
+/// products add into one i32 vector ([`Dot::blocks8_sums`]) and meet the blocks' scales in one
 /// conversion and one multiply-add; the offset's `8·d_w·S` of each block comes off its lane.
 #[inline(always)]
 unsafe fn q4_0_oct<D: Dot, const R: usize, const N: usize>(
@@ -490,7 +490,7 @@ unsafe fn q4_0_oct<D: Dot, const R: usize, const N: usize>(
         let dw = _mm256_cvtph_ps(_mm_loadu_si128(h.as_ptr() as *const __m128i));
         let dw8 = _mm256_mul_ps(dw, _mm256_set1_ps(8.0));
         for t in 0..N {
-            let v = _mm256_fmadd_ps(cvt(D::nib8_sums(&lo, &hi, q[t])), _mm256_mul_ps(dw, _mm256_loadu_ps(d[t])), acc[r][t][0]);
+            let v = _mm256_fmadd_ps(cvt(D::blocks8_sums::<false>(&lo, &hi, q[t])), _mm256_mul_ps(dw, _mm256_loadu_ps(d[t])), acc[r][t][0]);
             acc[r][t][0] = _mm256_fnmadd_ps(dw8, _mm256_loadu_ps(a[t]), v);
         }
     }

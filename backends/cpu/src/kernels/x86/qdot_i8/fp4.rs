@@ -100,7 +100,7 @@ pub(super) unsafe fn mxfp4_oct<D: Dot, const R: usize, const N: usize>(
         }
         let ev = _mm256_castsi256_ps(_mm256_loadu_si256(e.as_ptr() as *const __m256i));
         for t in 0..N {
-            let sums = cvt(D::e2m1_sums(&lo, &hi, q[t]));
+            let sums = cvt(D::blocks8_sums::<true>(&lo, &hi, q[t]));
             acc[r][t][0] = _mm256_fmadd_ps(sums, _mm256_mul_ps(ev, _mm256_loadu_ps(d[t])), acc[r][t][0]);
         }
     }

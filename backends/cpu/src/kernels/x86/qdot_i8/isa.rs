@@ -127,25 +127,21 @@ pub(super) trait Dot {
     unsafe fn q5_k_sums(l: &[__m256i; 4], h: &[__m256i; 4], a: *const i8) -> __m256i {
         k4_sums::<Self>(l, h, a)
     }
-    /// Eight Q4_0 blocks' sums against one token's codes at `a` ([`super::blocks8_order`]):
-    /// `lo[i]`, `hi[i]` their transposed nibbles ([`super::q4_0_oct`]), lane `l` of the result
-    /// block `l`'s sum.
+    /// Eight 32-value blocks' sums against one token's codes at `a` ([`super::blocks8_order`]):
+    /// `lo[i]`, `hi[i]` their transposed codes, lane `l` of the result block `l`'s sum. The
+    /// codes are Q4_0's unsigned nibbles ([`super::q4_0_oct`]), or where `SIGNED` MXFP4's doubled
+    /// E2M1 values ([`super::fp4::mxfp4_oct`]), each code's sign moved onto its activation.
     #[inline(always)]
-    unsafe fn nib8_sums(lo: &[__m256i; 4], hi: &[__m256i; 4], a: *const i8) -> __m256i {
-        let ld = |i: usize| _mm256_loadu_si256(a.add(32 * i) as *const __m256i);
-        _mm256_add_epi32(
-            _mm256_add_epi32(Self::dot_u_acc(Self::dot_u(lo[0], ld(0)), hi[0], ld(1)), Self::dot_u_acc(Self::dot_u(lo[1], ld(2)), hi[1], ld(3))),
-            _mm256_add_epi32(Self::dot_u_acc(Self::dot_u(lo[2], ld(4)), hi[2], ld(5)), Self::dot_u_acc(Self::dot_u(lo[3], ld(6)), hi[3], ld(7))),
-        )
-    }
-    /// Eight MXFP4 blocks' sums against one token's codes at `a` ([`super::blocks8_order`]):
-    /// `lo[i]`, `hi[i]` their transposed doubled E2M1 values ([`super::fp4::mxfp4_oct`]), lane
-    /// `l` of the result block `l`'s sum (each code's sign moved onto its activation).
-    #[inline(always)]
-    unsafe fn e2m1_sums(lo: &[__m256i; 4], hi: &[__m256i; 4], a: *const i8) -> __m256i {
-        let ld = |i: usize| _mm256_loadu_si256(a.add(32 * i) as *const __m256i);
-        let dot = |c: __m256i, i: usize| Self::dot_u(_mm256_sign_epi8(c, c), _mm256_sign_epi8(ld(i), c));
-        let dot_acc = |s: __m256i, c: __m256i, i: usize| Self::dot_u_acc(s, _mm256_sign_epi8(c, c), _mm256_sign_epi8(ld(i), c));
+    unsafe fn blocks8_sums<const SIGNED: bool>(lo: &[__m256i; 4], hi: &[__m256i; 4], a: *const i8) -> __m256i {
+        let op = |c: __m256i, i: usize| operands::<SIGNED>(c, a, i);
+        let dot = |c: __m256i, i: usize| {
+            let (u, v) = op(c, i);
+            Self::dot_u(u, v)
+        };
+        let dot_acc = |s: __m256i, c: __m256i, i: usize| {
+            let (u, v) = op(c, i);
+            Self::dot_u_acc(s, u, v)
+        };
         _mm256_add_epi32(
             _mm256_add_epi32(dot_acc(dot(lo[0], 0), hi[0], 1), dot_acc(dot(lo[1], 2), hi[1], 3)),
             _mm256_add_epi32(dot_acc(dot(lo[2], 4), hi[2], 5), dot_acc(dot(lo[3], 6), hi[3], 7)),
@@ -194,6 +190,19 @@ unsafe fn k4_sums<D: Dot + ?Sized>(l: &[__m256i; 4], h: &[__m256i; 4], a: *const
         D::dot_u_acc(D::dot_u(h[2], ld(5)), h[3], ld(7)),
     );
     halves_epi32(lo, hi)
+}
+
+/// The unsigned and signed operands of code register `c` against activations `32i..` at `a`:
+/// the codes as they are, or where `SIGNED` their magnitudes and the activations with the
+/// codes' signs.
+#[inline(always)]
+unsafe fn operands<const SIGNED: bool>(c: __m256i, a: *const i8, i: usize) -> (__m256i, __m256i) {
+    let v = _mm256_loadu_si256(a.add(32 * i) as *const __m256i);
+    if SIGNED {
+        (_mm256_sign_epi8(c, c), _mm256_sign_epi8(v, c))
+    } else {
+        (c, v)
+    }
 }
 
 /// `[x.low + x.high | y.low + y.high]` of 128-bit halves, in 32-bit lanes.
@@ -297,22 +306,15 @@ impl Dot for Madd {
         let one = _mm256_set1_epi16(1);
         halves_epi32(_mm256_madd_epi16(lo, one), _mm256_madd_epi16(hi, one))
     }
-    /// [`Dot::nib8_sums`] in 16 bits until the last step: each lane adds 16 products of a
-    /// 4-bit code and an activation, at most `16·15·127 = 30480`.
+    /// [`Dot::blocks8_sums`] in 16 bits until the last step: each lane adds 16 products of a
+    /// code (a nibble, at most 15, or a doubled E2M1 magnitude, at most 12) and an activation,
+    /// at most `16·15·127 = 30480`.
     #[inline(always)]
-    unsafe fn nib8_sums(lo: &[__m256i; 4], hi: &[__m256i; 4], a: *const i8) -> __m256i {
-        let ld = |i: usize| _mm256_loadu_si256(a.add(32 * i) as *const __m256i);
-        let m = |c: __m256i, i: usize| _mm256_maddubs_epi16(c, ld(i));
-        let s0 = _mm256_add_epi16(_mm256_add_epi16(m(lo[0], 0), m(hi[0], 1)), _mm256_add_epi16(m(lo[1], 2), m(hi[1], 3)));
-        let s1 = _mm256_add_epi16(_mm256_add_epi16(m(lo[2], 4), m(hi[2], 5)), _mm256_add_epi16(m(lo[3], 6), m(hi[3], 7)));
-        _mm256_madd_epi16(_mm256_add_epi16(s0, s1), _mm256_set1_epi16(1))
-    }
-    /// [`Dot::e2m1_sums`] in 16 bits until the last step: each lane adds 16 products of a
-    /// doubled E2M1 magnitude (at most 12) and an activation, at most `16·12·127 = 24384`.
-    #[inline(always)]
-    unsafe fn e2m1_sums(lo: &[__m256i; 4], hi: &[__m256i; 4], a: *const i8) -> __m256i {
-        let ld = |i: usize| _mm256_loadu_si256(a.add(32 * i) as *const __m256i);
-        let m = |c: __m256i, i: usize| _mm256_maddubs_epi16(_mm256_sign_epi8(c, c), _mm256_sign_epi8(ld(i), c));
+    unsafe fn blocks8_sums<const SIGNED: bool>(lo: &[__m256i; 4], hi: &[__m256i; 4], a: *const i8) -> __m256i {
+        let m = |c: __m256i, i: usize| {
+            let (u, v) = operands::<SIGNED>(c, a, i);
+            _mm256_maddubs_epi16(u, v)
+        };
         let s0 = _mm256_add_epi16(_mm256_add_epi16(m(lo[0], 0), m(hi[0], 1)), _mm256_add_epi16(m(lo[1], 2), m(hi[1], 3)));
         let s1 = _mm256_add_epi16(_mm256_add_epi16(m(lo[2], 4), m(hi[2], 5)), _mm256_add_epi16(m(lo[3], 6), m(hi[3], 7)));
         _mm256_madd_epi16(_mm256_add_epi16(s0, s1), _mm256_set1_epi16(1))
@@ -515,14 +517,14 @@ mod tests {
                     *o = ce[j];
                 }
                 let (lo, hi) = split(&ce);
-                assert_eq!(lanes(Madd::e2m1_sums(&lo, &hi, ap)), want(&ce_in_order, 8, true), "E2M1 case {case}");
+                assert_eq!(lanes(Madd::blocks8_sums::<true>(&lo, &hi, ap)), want(&ce_in_order, 8, true), "E2M1 case {case}");
                 // Q4_0's nibbles, in E2M1's register order.
                 let mut c4_in_order = [[0u8; 32]; 8];
                 for (o, &j) in c4_in_order.iter_mut().zip(&order) {
                     *o = c4[j];
                 }
                 let (lo, hi) = split(&c4);
-                assert_eq!(lanes(Madd::nib8_sums(&lo, &hi, ap)), want(&c4_in_order, 8, false), "Q4_0 case {case}");
+                assert_eq!(lanes(Madd::blocks8_sums::<false>(&lo, &hi, ap)), want(&c4_in_order, 8, false), "Q4_0 case {case}");
             }
         }
     }
