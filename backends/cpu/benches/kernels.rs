@@ -16,8 +16,8 @@
 //! 4. Prefill attention alone: the last 512 tokens of a 4,096-token prompt (the default step
 //!    budget's chunk) against the f16 cache, 32 query heads over 4 KV heads of 128, on one
 //!    thread and on all: GFLOP/s counting `2·(head_dim + v_head_dim)` per (query head, key
-//!    seen), median of 5 calls; the path taken (AMX tiles or the pair split; `FT_NO_AMX=1`
-//!    forces the pairs).
+//!    seen), median of 5 calls; the path taken (AMX tiles, else the AVX2 flash blocks;
+//!    `FT_NO_AMX=1` leaves the tiles out).
 //!
 //! `FT_BENCH_THREADS` sets the worker count (default: the backend's); `FT_BENCH_DTYPES`
 //! (comma-separated names such as `q8_0,q4_k`) limits the rows; `FT_BENCH_PARTS` (comma-separated
@@ -114,7 +114,7 @@ fn prefill_attention() {
     let seen: usize = (0..tokens).map(|t| kv_len - tokens + t + 1).sum();
     let flops = (2 * (hd + hd) * heads * seen) as f64;
     let all = std::env::var("FT_BENCH_THREADS").ok().and_then(|v| v.parse().ok()).unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
-    let path = if ft_backend_cpu::kernels::attention::on_tiles(ft_backend_cpu::SimdLevel::Auto, DType::F16, DType::F16, &desc) { "AMX tiles" } else { "pair split" };
+    let path = ft_backend_cpu::kernels::attention::path(ft_backend_cpu::SimdLevel::Auto, DType::F16, DType::F16, &desc);
     println!("prefill attention, {tokens} new tokens over a {kv_len}-token f16 cache, {heads} heads / {kv_heads} KV heads × {hd}: {path}");
     for threads in [1, all] {
         let b = CpuBackend::new(CpuOptions { threads: Some(threads), ..Default::default() }).expect("backend");

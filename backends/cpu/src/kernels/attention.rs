@@ -7,6 +7,8 @@ use ft_backend::{AttentionDesc, DType, KvPages, Result};
 use rayon::prelude::*;
 use rayon::ThreadPool;
 
+#[cfg(target_arch = "x86_64")]
+mod flash;
 mod split;
 #[cfg(target_arch = "x86_64")]
 mod tiles;
@@ -27,10 +29,13 @@ pub struct KvCache<'a> {
 /// `k`, `v`, writing `out[n_tokens, n_heads, v_head_dim]`; `sinks[n_heads]` are extra logits
 /// that take part in the softmax but contribute no value.
 ///
-/// Work is split over (token, KV head) pairs on `pool`; each pair scores all of its query
-/// heads against the shared K rows in one tiled pass, so K and V are read once per group.
-/// With `pages`, the caches are pools and the sequence's rows are read in place, page run by
-/// page run (see [`KvPages`]).
+/// A few tokens over a long plain-float cache split by positions (`split`); prefills take
+/// the AMX tiles where the CPU has them (`tiles`), else blocks of keys in f32 on AVX2
+/// (`flash`); what is left (quantized caches, no AVX2, heads of other widths) is split over
+/// (token, KV head) pairs on `pool`, each pair scoring all of its query heads against the
+/// shared K rows in one tiled pass. [`path`] names the one a call takes. With `pages`, the
+/// caches are pools and the sequence's rows are read in place, page run by page run (see
+/// [`KvPages`]).
 #[allow(clippy::too_many_arguments)]
 pub fn attention(
     pool: &ThreadPool,
@@ -117,22 +122,41 @@ pub fn attention(
     if tiles::eligible(level, k.dtype, v.dtype, d) {
         return tiles::attention(pool, &inp, out);
     }
+    #[cfg(target_arch = "x86_64")]
+    if flash::eligible(level, k.dtype, v.dtype, d) {
+        return flash::attention(pool, &inp, out);
+    }
     by_pairs(pool, &inp, out)
 }
 
-/// Whether an attention call of `d` over caches of `k` and `v` runs on the AMX tiles (the
-/// prefill path; see `tiles`), as the kernel bench reports.
-pub fn on_tiles(level: SimdLevel, k: DType, v: DType, d: &AttentionDesc) -> bool {
+/// The path an attention call of `d` over caches of `k` and `v` takes, as the kernel bench
+/// reports it: "position split", "AMX tiles", "flash blocks" or "pair split".
+pub fn path(level: SimdLevel, k: DType, v: DType, d: &AttentionDesc) -> &'static str {
+    if split_positions(KvCache { bytes: &[], dtype: k }, KvCache { bytes: &[], dtype: v }, d) {
+        return "position split";
+    }
     #[cfg(target_arch = "x86_64")]
     {
-        tiles::eligible(level, k, v, d) && !split_positions(KvCache { bytes: &[], dtype: k }, KvCache { bytes: &[], dtype: v }, d)
+        if tiles::eligible(level, k, v, d) {
+            return "AMX tiles";
+        }
+        if flash::eligible(level, k, v, d) {
+            return "flash blocks";
+        }
     }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        let _ = (level, k, v, d);
-        false
-    }
+    let _ = level;
+    "pair split"
 }
+
+/// The output of a call whose tasks write disjoint (token, query head) rows.
+#[cfg(target_arch = "x86_64")]
+#[derive(Clone, Copy)]
+struct Out(*mut f32);
+// SAFETY: each task writes only the rows of its own tokens and query heads.
+#[cfg(target_arch = "x86_64")]
+unsafe impl Send for Out {}
+#[cfg(target_arch = "x86_64")]
+unsafe impl Sync for Out {}
 
 /// What one checked attention call reads.
 #[derive(Clone, Copy)]
@@ -442,6 +466,31 @@ mod testing {
                 "{} {}/{}×{}/{} kv {} t {} {:?} sinks {} paged {}",
                 s.dtype, s.heads, s.kv_heads, s.hd, s.vhd, s.kv_len, s.tokens, s.window, s.sinks, s.paged
             )
+        }
+
+        /// The caches' element type.
+        pub(super) fn dtype(&self) -> DType {
+            self.s.dtype
+        }
+
+        /// Output values per token.
+        pub(super) fn row_len(&self) -> usize {
+            self.s.heads * self.s.vhd
+        }
+
+        /// Tokens `toks` of a case whose new tokens are its whole cache as one chunk of a
+        /// prefill: against the cache up to the chunk's end, through the public entry.
+        pub(super) fn run(&self, pool: &ThreadPool, toks: std::ops::Range<usize>) -> Vec<f32> {
+            let s = &self.s;
+            assert_eq!(s.tokens, s.kv_len, "a chunk needs the prompt to be the whole cache");
+            let (k, v) = (KvCache { bytes: &self.kc, dtype: s.dtype }, KvCache { bytes: &self.vc, dtype: s.dtype });
+            let d = AttentionDesc { n_tokens: toks.len(), kv_len: toks.end, ..self.d };
+            let q = &self.q[toks.start * s.heads * s.hd..toks.end * s.heads * s.hd];
+            let pages = KvPages { table: &self.table, page_rows: self.page_rows };
+            let mut out = vec![f32::NAN; toks.len() * self.row_len()];
+            let sinks = s.sinks.then_some(&self.sink[..]);
+            attend(pool, SimdLevel::Auto, q, k, v, s.paged.then_some(&pages), sinks, &mut out, &d).expect("attention");
+            out
         }
 
         /// `kernel`'s output on 1 and on 3 threads, the same bits, and within `tol` of the

@@ -8,7 +8,7 @@
 //! heads sharing it, over the key blocks those tokens see, the softmax carried from block to
 //! block. Each task owns its outputs, so the result does not depend on the thread count.
 
-use super::Inputs;
+use super::{Inputs, Out};
 use crate::kernels::elementwise::decode_row;
 use crate::kernels::x86::amx;
 use crate::kernels::x86::amx_attention::{finish, run, split_keys, split_values, Task, KEYS};
@@ -139,13 +139,6 @@ struct Scratch {
     st: Lines<f32>,
     pt: Lines<u32>,
 }
-
-/// The output, written by tasks at disjoint (token, head) rows.
-#[derive(Clone, Copy)]
-struct Out(*mut f32);
-// SAFETY: each task writes only the rows of its own tokens and query heads.
-unsafe impl Send for Out {}
-unsafe impl Sync for Out {}
 
 /// [`super::attention`] on the tiles; the caller checked [`eligible`].
 pub(super) fn attention(pool: &ThreadPool, inp: &Inputs<'_>, out: &mut [f32]) -> Result<()> {

@@ -30,7 +30,7 @@ unsafe fn load<const D: u8>(p: *const u8) -> __m256 {
 
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn hsum(v: __m256) -> f32 {
+pub(crate) unsafe fn hsum(v: __m256) -> f32 {
     let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
     let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     let s = _mm_add_ss(s, _mm_movehdup_ps(s));
@@ -234,7 +234,7 @@ pub(crate) unsafe fn pv(d: u8, g: usize, a: Pv) {
 /// Vector `expf`; see [`expc`]. The clamps take `x` as the second operand so NaN propagates.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn exp_ps(x: __m256) -> __m256 {
+pub(crate) unsafe fn exp_ps(x: __m256) -> __m256 {
     let x = _mm256_max_ps(
         _mm256_set1_ps(expc::LO),
         _mm256_min_ps(_mm256_set1_ps(expc::HI), x),

@@ -71,6 +71,7 @@ pub(crate) mod amx;
 pub(crate) mod amx_attention;
 pub(crate) mod avx512;
 pub(crate) mod dpbf16;
+pub(crate) mod flash;
 pub(crate) mod fp8_bf16;
 pub(crate) mod fp8_tiles;
 pub(crate) mod quant;
