@@ -18,6 +18,8 @@
 //!    thread and on all: GFLOP/s counting `2·(head_dim + v_head_dim)` per (query head, key
 //!    seen), median of 5 calls; the path taken (AMX tiles, else the AVX2 flash blocks;
 //!    `FT_NO_AMX=1` leaves the tiles out).
+//! 5. Decode attention alone: one new token over the same cache (the position split), median
+//!    of 101 calls, also as GB/s of the cache's bytes.
 //!
 //! `FT_BENCH_THREADS` sets the worker count (default: the backend's); `FT_BENCH_DTYPES`
 //! (comma-separated names such as `q8_0,q4_k`) limits the rows; `FT_BENCH_PARTS` (comma-separated
@@ -98,13 +100,16 @@ fn main() {
         quant_kernel_rate_single_thread();
     }
     if part("4") {
-        prefill_attention();
+        attention(512, 5);
+    }
+    if part("5") {
+        attention(1, 101);
     }
 }
 
-/// Part 4 of the module docs.
-fn prefill_attention() {
-    let (tokens, kv_len, heads, kv_heads, hd) = (512, 4096, 32, 4, 128);
+/// Parts 4 and 5 of the module docs: `tokens` new tokens, the median of `reps` calls.
+fn attention(tokens: usize, reps: usize) {
+    let (kv_len, heads, kv_heads, hd) = (4096, 32, 4, 128);
     let desc = AttentionDesc { n_tokens: tokens, n_heads: heads, n_kv_heads: kv_heads, head_dim: hd, v_head_dim: hd, kv_len, scale: 1.0 / (hd as f32).sqrt(), window: None };
     let mut rng = ft_backend::conformance::Rng::new(4);
     let f16s = |x: Vec<f32>| -> Vec<u8> { x.iter().flat_map(|&v| half::f16::from_f32(v).to_le_bytes()).collect() };
@@ -115,13 +120,16 @@ fn prefill_attention() {
     let flops = (2 * (hd + hd) * heads * seen) as f64;
     let all = std::env::var("FT_BENCH_THREADS").ok().and_then(|v| v.parse().ok()).unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
     let path = ft_backend_cpu::kernels::attention::path(ft_backend_cpu::SimdLevel::Auto, DType::F16, DType::F16, &desc);
-    println!("prefill attention, {tokens} new tokens over a {kv_len}-token f16 cache, {heads} heads / {kv_heads} KV heads × {hd}: {path}");
+    let what = if tokens == 1 { "decode" } else { "prefill" };
+    println!("{what} attention, {tokens} new token(s) over a {kv_len}-token f16 cache, {heads} heads / {kv_heads} KV heads × {hd}: {path}");
     for threads in [1, all] {
         let b = CpuBackend::new(CpuOptions { threads: Some(threads), ..Default::default() }).expect("backend");
         let (k, v, q) = (upload(&b, DType::F16, kv_len * kv_heads * hd, &kb), upload(&b, DType::F16, kv_len * kv_heads * hd, &vb), upload(&b, DType::F32, tokens * heads * hd, &qb));
         let mut out = b.alloc(DType::F32, tokens * heads * hd, BufferUsage::Scratch).expect("alloc");
-        let s = time(1, 5, || b.attention(&q, &k, &v, None, &mut out, &desc).expect("attention"));
-        println!("  {threads} thread(s): {:.1} ms a call, {:.1} GFLOP/s", s * 1e3, flops / s / 1e9);
+        let s = time(reps.min(5), reps, || b.attention(&q, &k, &v, None, &mut out, &desc).expect("attention"));
+        // A decode step reads the cache's bytes (keys and values) once.
+        let gbs = if tokens == 1 { format!(", {:.1} GB/s of cache", (kb.len() + vb.len()) as f64 / s / 1e9) } else { String::new() };
+        println!("  {threads} thread(s): {:.3} ms a call, {:.1} GFLOP/s{gbs}", s * 1e3, flops / s / 1e9);
     }
 }
 

@@ -123,7 +123,7 @@ pub fn attention(
         return tiles::attention(pool, &inp, out);
     }
     #[cfg(target_arch = "x86_64")]
-    if flash::eligible(level, k.dtype, v.dtype, d) {
+    if flash::eligible(level, k.dtype, v.dtype, d) && flash::fits(d) {
         return flash::attention(pool, &inp, out);
     }
     by_pairs(pool, &inp, out)
@@ -140,7 +140,7 @@ pub fn path(level: SimdLevel, k: DType, v: DType, d: &AttentionDesc) -> &'static
         if tiles::eligible(level, k, v, d) {
             return "AMX tiles";
         }
-        if flash::eligible(level, k, v, d) {
+        if flash::eligible(level, k, v, d) && flash::fits(d) {
             return "flash blocks";
         }
     }
@@ -178,6 +178,12 @@ impl Inputs<'_> {
     fn seen(&self, t: usize) -> (usize, usize) {
         let pos = self.d.kv_len - self.d.n_tokens + t;
         (self.d.window.map_or(0, |w| (pos + 1).saturating_sub(w)), pos + 1)
+    }
+
+    /// The cache row of every position `0..kv_len`.
+    #[cfg(target_arch = "x86_64")]
+    fn cache_rows(&self) -> Vec<usize> {
+        self.runs_in(0, self.d.kv_len).flat_map(|(_, r, n)| r..r + n).collect()
     }
 
     /// The runs' parts inside positions `a..b`, as (first logical row, its cache row, rows).

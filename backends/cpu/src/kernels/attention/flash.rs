@@ -15,7 +15,7 @@
 
 use super::{Inputs, Out};
 use crate::kernels::elementwise::decode_row;
-use crate::kernels::x86::flash::{pv, scores, softmax_row, transpose, KEYS, ROWS};
+use crate::kernels::x86::flash::{pv, scores, softmax_row, transpose, KEYS};
 use crate::kernels::SimdLevel;
 use ft_backend::{AttentionDesc, DType, Result};
 use rayon::prelude::*;
@@ -41,7 +41,7 @@ pub(super) fn eligible(level: SimdLevel, k: DType, v: DType, d: &AttentionDesc) 
         && matches!(level.effective(), SimdLevel::Avx2 | SimdLevel::Avx512)
 }
 
-/// A task's buffers, reused by the tasks one worker runs.
+/// A task's rows and buffers, reused by the tasks one worker runs.
 struct Scratch {
     /// Query rows, `hd` values each.
     q: Vec<f32>,
@@ -49,11 +49,6 @@ struct Scratch {
     s: Vec<f32>,
     /// Unnormalised weighted values, `vhd` per row.
     o: Vec<f32>,
-    /// The block's keys (transposed, `hd × KEYS`) and values (`KEYS × vhd`) in f32, and its
-    /// keys as read (`KEYS × hd`).
-    kb: Vec<f32>,
-    vb: Vec<f32>,
-    kr: Vec<f32>,
     /// Per row: running maximum, running sum, the positions it sees, whether it sees any
     /// key of the current block.
     m: Vec<f32>,
@@ -63,14 +58,14 @@ struct Scratch {
 }
 
 impl Scratch {
+    /// Room for `rows` query rows (one more where odd) of `hd`-value keys and `vhd`-value
+    /// values.
     fn new(rows: usize, hd: usize, vhd: usize) -> Self {
+        let rows = rows.next_multiple_of(2);
         Scratch {
             q: vec![0.0; rows * hd],
             s: vec![0.0; rows * KEYS],
             o: vec![0.0; rows * vhd],
-            kb: vec![0.0; KEYS * hd],
-            vb: vec![0.0; KEYS * vhd],
-            kr: vec![0.0; KEYS * hd],
             m: vec![0.0; rows],
             l: vec![0.0; rows],
             seen: vec![(0, 0); rows],
@@ -79,29 +74,34 @@ impl Scratch {
     }
 }
 
-/// [`super::attention`] by blocks; the caller checked [`eligible`].
+/// Most bytes of one call's [`Widened`] copies (a million positions of one KV head of 128:
+/// four times one layer's f16 cache); a call needing more is split by pairs.
+const WIDE_MAX: usize = 1 << 30;
+
+/// Whether a call of `d` fits [`WIDE_MAX`].
+pub(super) fn fits(d: &AttentionDesc) -> bool {
+    Widened::bytes(d, d.kv_len.div_ceil(KEYS) + 1) <= WIDE_MAX
+}
+
+/// [`super::attention`] by blocks; the caller checked [`eligible`] and [`fits`].
 pub(super) fn attention(pool: &ThreadPool, inp: &Inputs<'_>, out: &mut [f32]) -> Result<()> {
     let d = inp.d;
     let (nkv, hd, vhd) = (d.n_kv_heads, d.head_dim, d.v_head_dim);
     let group = d.n_heads / nkv;
     let per = (TASK_ROWS / group).max(1);
     let tiles = d.n_tokens.div_ceil(per);
-    // Cache row of every position.
-    let mut rows = Vec::with_capacity(d.kv_len);
-    for (_, r, n) in inp.runs_in(0, d.kv_len) {
-        rows.extend(r..r + n);
-    }
+    let rows = inp.cache_rows();
     let o = Out(out.as_mut_ptr());
-    let padded = (per * group).next_multiple_of(ROWS);
-    let scratch = || Scratch::new(padded, hd, vhd);
+    let scratch = || Scratch::new(per * group, hd, vhd);
     let work = d.n_tokens * d.n_heads * d.kv_len * hd;
     let parallel = pool.current_num_threads() > 1 && tiles * nkv > 1 && work >= PARALLEL_MIN;
-    let wide_bytes = 4 * nkv * (hd + vhd) * (d.kv_len + WIDEN);
-    let wide = if tiles > 1 && wide_bytes <= WIDE_MAX { Some(Widened::new(pool, inp, &rows, parallel)?) } else { None };
+    // The first token's window starts earliest; the last token sees the cache's end.
+    let (start, end) = (inp.seen(0).0, inp.seen(d.n_tokens - 1).1);
+    let wide = Widened::new(parallel.then_some(pool), inp, &rows, start / KEYS..end.div_ceil(KEYS).max(start / KEYS + 1))?;
     // The last tokens see the most keys: their tasks go first.
     let run = |s: &mut Scratch, i: usize| {
         let (tile, h) = (tiles - 1 - i / nkv, i % nkv);
-        task(inp, &rows, wide.as_ref(), s, tile * per..((tile + 1) * per).min(d.n_tokens), h, o)
+        task(inp, &wide, s, tile * per..((tile + 1) * per).min(d.n_tokens), h, o)
     };
     if parallel {
         pool.install(|| (0..tiles * nkv).into_par_iter().with_max_len(1).try_for_each_init(scratch, run))
@@ -111,113 +111,140 @@ pub(super) fn attention(pool: &ThreadPool, inp: &Inputs<'_>, out: &mut [f32]) ->
     }
 }
 
-/// Most bytes of one call's [`Widened`] copies: 128k positions of four KV heads of 128.
-const WIDE_MAX: usize = 512 << 20;
+/// Blocks per task of [`Widened::new`].
+const WIDEN: usize = 8;
 
-/// Positions per task of [`Widened::new`] (whole blocks).
-const WIDEN: usize = 8 * KEYS;
-
-/// Every KV head's keys (each block transposed, [`transpose`]) and values in f32 from block
-/// `first` on, `kp` positions a head (zeros past the cache's end): made once per call when
-/// several tasks read a head. Widening each block in every task read the cache's rows, 1 KiB
-/// apart for four heads of 128 f16 values, as misses: 36 % of a 512-token call's time on one
-/// thread. Past [`WIDE_MAX`] bytes (very long caches) the tasks widen their own blocks again:
-/// the same values, so the same bits.
+/// The keys and values of blocks `first..` in f32, every KV head's: keys a block and head at a
+/// time, transposed for [`scores`] (`[block][head][hd][KEYS]`), values as the cache holds
+/// them (`[position][head][vhd]`), zeros past the cache's end. Made once per call, reading
+/// the cache's rows whole, front to back: widened per head and block in every task, the
+/// rows (1 KiB apart for four heads of 128 f16 values) came in as misses, 36 % of a 512-token
+/// call's time on one thread.
 struct Widened {
     k: Vec<f32>,
     v: Vec<f32>,
     first: usize,
-    kp: usize,
+    nkv: usize,
+    hd: usize,
+    vhd: usize,
 }
 
 impl Widened {
-    fn new(pool: &ThreadPool, inp: &Inputs<'_>, rows: &[usize], parallel: bool) -> Result<Self> {
+    /// Bytes of the copies of `blocks` blocks of a call of `d`.
+    fn bytes(d: &AttentionDesc, blocks: usize) -> usize {
+        4 * blocks * KEYS * d.n_kv_heads * (d.head_dim + d.v_head_dim)
+    }
+
+    /// Widens `blocks` of the positions whose cache rows are `rows`, on `pool` where given.
+    fn new(pool: Option<&ThreadPool>, inp: &Inputs<'_>, rows: &[usize], blocks: Range<usize>) -> Result<Self> {
         let d = inp.d;
         let (nkv, hd, vhd) = (d.n_kv_heads, d.head_dim, d.v_head_dim);
-        // The first token's window starts earliest.
-        let first = inp.seen(0).0.min(d.kv_len) / KEYS;
-        let kp = (d.kv_len - first * KEYS).next_multiple_of(WIDEN);
-        let (mut k, mut v) = (vec![0f32; nkv * kp * hd], vec![0f32; nkv * kp * vhd]);
         let (ks, vs) = (nkv * hd, nkv * vhd);
+        let n = blocks.len();
+        let (mut k, mut v) = (vec![0f32; n * KEYS * ks], vec![0f32; n * KEYS * vs]);
         let part = |i: usize, kc: &mut [f32], vc: &mut [f32]| -> Result<()> {
-            let (h, p0) = (i / (kp / WIDEN), first * KEYS + i % (kp / WIDEN) * WIDEN);
+            let p0 = (blocks.start + i * WIDEN) * KEYS;
             let (kk, vv) = (inp.k, inp.v);
-            let mut kr = vec![0f32; WIDEN * hd];
-            for (j, &r) in rows.get(p0..).unwrap_or(&[]).iter().take(WIDEN).enumerate() {
-                decode_row(inp.level, &kk.bytes[kk.dtype.row_bytes(r * ks + h * hd)..], kk.dtype, &mut kr[j * hd..][..hd])?;
-                decode_row(inp.level, &vv.bytes[vv.dtype.row_bytes(r * vs + h * vhd)..], vv.dtype, &mut vc[j * vhd..][..vhd])?;
-            }
-            for (src, dst) in kr.chunks_exact(KEYS * hd).zip(kc.chunks_exact_mut(KEYS * hd)) {
-                // SAFETY: `eligible` confirmed AVX2 and keys of whole vectors; both hold one
-                // block.
-                unsafe { transpose(src.as_ptr(), hd, dst.as_mut_ptr()) };
+            let mut kr = vec![0f32; KEYS * ks];
+            for (b, (kt, vb)) in kc.chunks_exact_mut(KEYS * ks).zip(vc.chunks_exact_mut(KEYS * vs)).enumerate() {
+                let here = rows.get(p0 + b * KEYS..).unwrap_or(&[]);
+                let m = here.len().min(KEYS);
+                for (j, &r) in here[..m].iter().enumerate() {
+                    decode_row(inp.level, &kk.bytes[kk.dtype.row_bytes(r * ks)..], kk.dtype, &mut kr[j * ks..][..ks])?;
+                    decode_row(inp.level, &vv.bytes[vv.dtype.row_bytes(r * vs)..], vv.dtype, &mut vb[j * vs..][..vs])?;
+                }
+                // Past the cache's end: zeros (masked, but finite).
+                kr[m * ks..].fill(0.0);
+                for (h, kt) in kt.chunks_exact_mut(hd * KEYS).enumerate() {
+                    // SAFETY: `eligible` confirmed AVX2 and keys of whole vectors; `kr` holds
+                    // a block of rows of `ks` values, `kt` one head's block.
+                    unsafe { transpose(kr[h * hd..].as_ptr(), ks, hd, kt.as_mut_ptr()) };
+                }
             }
             Ok(())
         };
-        if parallel {
-            pool.install(|| {
-                k.par_chunks_mut(WIDEN * hd).zip(v.par_chunks_mut(WIDEN * vhd)).enumerate().try_for_each(|(i, (kc, vc))| part(i, kc, vc))
-            })?;
-        } else {
-            k.chunks_mut(WIDEN * hd).zip(v.chunks_mut(WIDEN * vhd)).enumerate().try_for_each(|(i, (kc, vc))| part(i, kc, vc))?;
+        let (kw, vw) = (WIDEN * KEYS * ks, WIDEN * KEYS * vs);
+        match pool {
+            Some(pool) => pool.install(|| k.par_chunks_mut(kw).zip(v.par_chunks_mut(vw)).enumerate().try_for_each(|(i, (kc, vc))| part(i, kc, vc)))?,
+            None => k.chunks_mut(kw).zip(v.chunks_mut(vw)).enumerate().try_for_each(|(i, (kc, vc))| part(i, kc, vc))?,
         }
-        Ok(Widened { k, v, first, kp })
+        Ok(Widened { k, v, first: blocks.start, nkv, hd, vhd })
     }
 
-    /// Head `h`'s keys and values of block `b`.
-    fn block(&self, h: usize, b: usize, hd: usize, vhd: usize) -> (&[f32], &[f32]) {
-        let at = h * self.kp + (b - self.first) * KEYS;
-        (&self.k[at * hd..][..KEYS * hd], &self.v[at * vhd..][..KEYS * vhd])
+    /// Head `h`'s transposed keys of block `b`, and its values from the block's first
+    /// position on, a position every `nkv·vhd` values.
+    fn block(&self, h: usize, b: usize) -> (&[f32], &[f32]) {
+        let (hd, vhd, nkv) = (self.hd, self.vhd, self.nkv);
+        let i = b - self.first;
+        (&self.k[(i * nkv + h) * hd * KEYS..][..hd * KEYS], &self.v[i * KEYS * nkv * vhd + h * vhd..])
     }
 }
 
 /// Tokens `toks` with KV head `h`'s query heads, into their rows of `o`.
-fn task(inp: &Inputs<'_>, rows: &[usize], wide: Option<&Widened>, s: &mut Scratch, toks: Range<usize>, h: usize, o: Out) -> Result<()> {
+fn task(inp: &Inputs<'_>, wide: &Widened, s: &mut Scratch, toks: Range<usize>, h: usize, o: Out) -> Result<()> {
     let d = inp.d;
     let (hd, vhd) = (d.head_dim, d.v_head_dim);
     let group = d.n_heads / d.n_kv_heads;
     let real = toks.len() * group;
-    // Rows past the last repeat it (computed, not written): the kernels take rows in sixes.
-    let padded = real.next_multiple_of(ROWS);
-    for r in 0..padded {
-        let x = r.min(real - 1);
-        let (t, g) = (toks.start + x / group, x % group);
-        s.q[r * hd..][..hd].copy_from_slice(&inp.q[(t * d.n_heads + h * group + g) * hd..][..hd]);
-        s.seen[r] = inp.seen(t);
-        // A sink joins the softmax as a score of its own with no value: the sum starts at
-        // exp(sink − sink).
-        let sink = inp.sinks.map(|x| x[h * group + g]);
-        s.m[r] = sink.unwrap_or(f32::NEG_INFINITY);
-        s.l[r] = if sink.is_some() { 1.0 } else { 0.0 };
+    for r in 0..real {
+        let (t, g) = (toks.start + r / group, r % group);
+        let head = h * group + g;
+        s.set_row(r, &inp.q[(t * d.n_heads + head) * hd..][..hd], inp.seen(t), inp.sinks.map(|x| x[head]));
+    }
+    run_rows(inp, wide, s, real, h);
+    let os = d.n_heads * vhd;
+    for r in 0..real {
+        let (t, g) = (toks.start + r / group, r % group);
+        let (_, l, sums) = s.row(r);
+        let inv = if l > 0.0 { 1.0 / l } else { 0.0 };
+        // SAFETY: token `t`'s query head `h·group + g` row lies inside `out` (checked by the
+        // caller) and belongs to this task alone.
+        let dst = unsafe { std::slice::from_raw_parts_mut(o.0.add(t * os + (h * group + g) * vhd), vhd) };
+        dst.iter_mut().zip(sums).for_each(|(d, x)| *d = x * inv);
+    }
+    Ok(())
+}
+
+impl Scratch {
+    /// Row `r`: its query, the positions `seen` of it, and a fresh state (a sink joins the
+    /// softmax as a score of its own with no value: the sum starts at exp(sink − sink)).
+    fn set_row(&mut self, r: usize, q: &[f32], seen: (usize, usize), sink: Option<f32>) {
+        let hd = q.len();
+        self.q[r * hd..][..hd].copy_from_slice(q);
+        self.seen[r] = seen;
+        self.m[r] = sink.unwrap_or(f32::NEG_INFINITY);
+        self.l[r] = if sink.is_some() { 1.0 } else { 0.0 };
+    }
+
+    /// Row `r`'s maximum, sum and unnormalised weighted values after [`run_rows`].
+    fn row(&self, r: usize) -> (f32, f32, &[f32]) {
+        let vhd = self.o.len() / self.m.len();
+        (self.m[r], self.l[r], &self.o[r * vhd..][..vhd])
+    }
+}
+
+/// Rows `0..real` of `s` (set by [`Scratch::set_row`]) against KV head `h`'s blocks they
+/// see (all inside `wide`), each carrying its maximum, sum and weighted values from block to
+/// block.
+fn run_rows(inp: &Inputs<'_>, wide: &Widened, s: &mut Scratch, real: usize, h: usize) {
+    let d = inp.d;
+    let (hd, vhd) = (d.head_dim, d.v_head_dim);
+    // A last odd row is repeated (computed, not used): the kernels take rows in twos.
+    let padded = real.next_multiple_of(2);
+    if padded > real {
+        s.q.copy_within((real - 1) * hd..real * hd, real * hd);
+        (s.seen[real], s.m[real], s.l[real]) = (s.seen[real - 1], s.m[real - 1], s.l[real - 1]);
     }
     s.o[..padded * vhd].fill(0.0);
     let first = s.seen[..padded].iter().map(|p| p.0).min().unwrap_or(0);
     let end = s.seen[..padded].iter().map(|p| p.1).max().unwrap_or(0);
     let blocks = if end > first { first / KEYS..(end - 1) / KEYS + 1 } else { 0..0 };
-    let (ks, vs) = (d.n_kv_heads * hd, d.n_kv_heads * vhd);
-    let (kc, vc) = (inp.k, inp.v);
     for b in blocks {
         let p0 = b * KEYS;
-        let (kb, vb) = match wide {
-            Some(w) => w.block(h, b, hd, vhd),
-            None => {
-                let n = (d.kv_len - p0).min(KEYS);
-                for (i, &r) in rows[p0..p0 + n].iter().enumerate() {
-                    decode_row(inp.level, &kc.bytes[kc.dtype.row_bytes(r * ks + h * hd)..], kc.dtype, &mut s.kr[i * hd..][..hd])?;
-                    decode_row(inp.level, &vc.bytes[vc.dtype.row_bytes(r * vs + h * vhd)..], vc.dtype, &mut s.vb[i * vhd..][..vhd])?;
-                }
-                // Keys past the cache's end: masked, but finite.
-                s.kr[n * hd..].fill(0.0);
-                s.vb[n * vhd..].fill(0.0);
-                // SAFETY: `eligible` confirmed AVX2 and keys of whole vectors; `kr` and `kb`
-                // hold one block.
-                unsafe { transpose(s.kr.as_ptr(), hd, s.kb.as_mut_ptr()) };
-                (&s.kb[..], &s.vb[..])
-            }
-        };
+        let (kt, vb) = wide.block(h, b);
         // SAFETY: `eligible` confirmed AVX2/FMA/F16C and heads of whole vectors; the buffers
-        // hold `padded` rows (a multiple of `ROWS`) and one block.
-        unsafe { scores(s.q.as_ptr(), padded, kb.as_ptr(), hd, s.s.as_mut_ptr()) };
+        // hold `padded` rows (an even count) and the block.
+        unsafe { scores(s.q.as_ptr(), padded, kt.as_ptr(), hd, s.s.as_mut_ptr()) };
         for r in 0..padded {
             let (a, z) = s.seen[r];
             let (lo, hi) = (a.saturating_sub(p0).min(KEYS), z.saturating_sub(p0).min(KEYS));
@@ -228,19 +255,9 @@ fn task(inp: &Inputs<'_>, rows: &[usize], wide: Option<&Widened>, s: &mut Scratc
                 s.o[r * vhd..][..vhd].iter_mut().for_each(|x| *x *= alpha);
             }
         }
-        // SAFETY: as above.
-        unsafe { pv(s.s.as_ptr(), padded, vb.as_ptr(), vhd, s.o.as_mut_ptr(), &s.active[..padded]) };
+        // SAFETY: as above; `vb` holds the block's `KEYS` positions of every head.
+        unsafe { pv(s.s.as_ptr(), padded, vb.as_ptr(), d.n_kv_heads * vhd, vhd, s.o.as_mut_ptr(), &s.active[..padded]) };
     }
-    let os = d.n_heads * vhd;
-    for r in 0..real {
-        let (t, g) = (toks.start + r / group, r % group);
-        let inv = if s.l[r] > 0.0 { 1.0 / s.l[r] } else { 0.0 };
-        // SAFETY: token `t`'s query head `h·group + g` row lies inside `out` (checked by the
-        // caller) and belongs to this task alone.
-        let dst = unsafe { std::slice::from_raw_parts_mut(o.0.add(t * os + (h * group + g) * vhd), vhd) };
-        dst.iter_mut().zip(&s.o[r * vhd..][..vhd]).for_each(|(d, x)| *d = x * inv);
-    }
-    Ok(())
 }
 
 #[cfg(test)]
@@ -252,6 +269,7 @@ mod tests {
     /// than the pair split's.
     const TOL: f32 = 2e-5;
 
+    #[allow(clippy::too_many_arguments)]
     fn shape(dtype: DType, heads: usize, kv_heads: usize, hd: usize, vhd: usize, kv_len: usize, tokens: usize, window: Option<usize>, sinks: bool, paged: bool) -> Case {
         let s = Shape { dtype, heads, kv_heads, hd, vhd, kv_len, tokens, window, sinks, paged };
         Case::new(s, (kv_len * 31 + tokens) as u64, 16, 2.0, 3.0, 1.0)

@@ -15,48 +15,62 @@ use std::arch::x86_64::*;
 /// Keys per block.
 pub(crate) const KEYS: usize = 32;
 
-/// Query rows a pass of [`scores`] and [`pv`] takes.
+/// Query rows a pass of [`scores`] and [`pv`] takes (the last pass two or four).
 pub(crate) const ROWS: usize = 6;
 
-/// `s[r·KEYS + j] = q_r · k_j` for query rows `r < rows` (a multiple of [`ROWS`]) of `hd`
-/// values at `q + r·hd`, and the block's keys transposed, `kt[d·KEYS + j]` ([`transpose`]).
+/// `s[r·KEYS + j] = q_r · k_j` for query rows `r < rows` (an even count) of `hd` values at
+/// `q + r·hd`, and the block's keys transposed, `kt[d·KEYS + j]` ([`transpose`]).
 ///
-/// Each score is one chain of multiply-adds over `d` in order. Six rows by sixteen keys keep
-/// twelve chains in flight (eight cover an FMA's latency) with eight loads to every twelve
-/// multiply-adds; keys in rows with lane sums added at the end ran at ~55 GFLOP/s a thread,
-/// eight chains and a horizontal reduction per eight scores.
+/// Each score is one chain of multiply-adds over `d` in order, whatever the pass. Six rows by
+/// sixteen keys keep twelve chains in flight (eight cover an FMA's latency) with eight loads
+/// to every twelve multiply-adds; keys in rows with lane sums added at the end ran at ~55
+/// GFLOP/s a thread, eight chains and a horizontal reduction per eight scores.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) unsafe fn scores(q: *const f32, rows: usize, kt: *const f32, hd: usize, s: *mut f32) {
-    debug_assert!(rows.is_multiple_of(ROWS));
-    for r in (0..rows).step_by(ROWS) {
-        let qr = q.add(r * hd);
-        for j in (0..KEYS).step_by(16) {
-            let mut a = [[_mm256_setzero_ps(); 2]; ROWS];
-            for d in 0..hd {
-                let kp = kt.add(d * KEYS + j);
-                let (k0, k1) = (_mm256_loadu_ps(kp), _mm256_loadu_ps(kp.add(8)));
-                for (i, a) in a.iter_mut().enumerate() {
-                    let x = _mm256_broadcast_ss(&*qr.add(i * hd + d));
-                    a[0] = _mm256_fmadd_ps(x, k0, a[0]);
-                    a[1] = _mm256_fmadd_ps(x, k1, a[1]);
-                }
+    debug_assert!(rows.is_multiple_of(2));
+    let mut r = 0;
+    while r + ROWS <= rows {
+        scores_r::<ROWS>(q, r, kt, hd, s);
+        r += ROWS;
+    }
+    match rows - r {
+        4 => scores_r::<4>(q, r, kt, hd, s),
+        2 => scores_r::<2>(q, r, kt, hd, s),
+        _ => {}
+    }
+}
+
+/// [`scores`] of rows `r..r + R`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn scores_r<const R: usize>(q: *const f32, r: usize, kt: *const f32, hd: usize, s: *mut f32) {
+    let qr = q.add(r * hd);
+    for j in (0..KEYS).step_by(16) {
+        let mut a = [[_mm256_setzero_ps(); 2]; R];
+        for d in 0..hd {
+            let kp = kt.add(d * KEYS + j);
+            let (k0, k1) = (_mm256_loadu_ps(kp), _mm256_loadu_ps(kp.add(8)));
+            for (i, a) in a.iter_mut().enumerate() {
+                let x = _mm256_broadcast_ss(&*qr.add(i * hd + d));
+                a[0] = _mm256_fmadd_ps(x, k0, a[0]);
+                a[1] = _mm256_fmadd_ps(x, k1, a[1]);
             }
-            for (i, a) in a.iter().enumerate() {
-                let sp = s.add((r + i) * KEYS + j);
-                _mm256_storeu_ps(sp, a[0]);
-                _mm256_storeu_ps(sp.add(8), a[1]);
-            }
+        }
+        for (i, a) in a.iter().enumerate() {
+            let sp = s.add((r + i) * KEYS + j);
+            _mm256_storeu_ps(sp, a[0]);
+            _mm256_storeu_ps(sp.add(8), a[1]);
         }
     }
 }
 
-/// `kt[d·KEYS + j] = k[j·hd + d]`: a block's keys (`KEYS` rows of `hd`, a multiple of 8)
-/// transposed for [`scores`], eight by eight.
+/// `kt[d·KEYS + j] = k[j·ks + d]`: a block's keys (`KEYS` rows of `hd`, a multiple of 8, a
+/// row every `ks` values) transposed for [`scores`], eight by eight.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(crate) unsafe fn transpose(k: *const f32, hd: usize, kt: *mut f32) {
+pub(crate) unsafe fn transpose(k: *const f32, ks: usize, hd: usize, kt: *mut f32) {
     for j in (0..KEYS).step_by(8) {
         for d in (0..hd).step_by(8) {
-            let r = |i: usize| _mm256_loadu_ps(k.add((j + i) * hd + d));
+            let r = |i: usize| _mm256_loadu_ps(k.add((j + i) * ks + d));
             let (t0, t1) = (_mm256_unpacklo_ps(r(0), r(1)), _mm256_unpackhi_ps(r(0), r(1)));
             let (t2, t3) = (_mm256_unpacklo_ps(r(2), r(3)), _mm256_unpackhi_ps(r(2), r(3)));
             let (t4, t5) = (_mm256_unpacklo_ps(r(4), r(5)), _mm256_unpackhi_ps(r(4), r(5)));
@@ -123,59 +137,72 @@ pub(crate) unsafe fn softmax_row(s: *mut f32, scale: f32, lo: usize, hi: usize, 
     Some(alpha)
 }
 
-/// `o[r·vhd + c] += Σ_j p[r·KEYS + j] · v[j·vhd + c]`, `j` in order, for the rows
-/// `r < rows` (a multiple of [`ROWS`]) where `active[r]` (the others' `o` is left as it was),
-/// `vhd` a multiple of 8. Six rows by 16 columns keep twelve chains in flight, eight loads to
-/// every twelve multiply-adds.
+/// `o[r·vhd + c] += Σ_j p[r·KEYS + j] · v[j·vs + c]`, `j` in order, for the rows
+/// `r < rows` (an even count) where `active[r]` (the others' `o` is left as it was), `vhd` a
+/// multiple of 8. Six rows by 16 columns keep twelve chains in flight, eight loads to every
+/// twelve multiply-adds.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(crate) unsafe fn pv(p: *const f32, rows: usize, v: *const f32, vhd: usize, o: *mut f32, active: &[bool]) {
-    debug_assert!(rows.is_multiple_of(ROWS) && vhd.is_multiple_of(8) && active.len() >= rows);
-    for r in (0..rows).step_by(ROWS) {
-        let on = &active[r..r + ROWS];
-        if !on.contains(&true) {
-            continue;
+pub(crate) unsafe fn pv(p: *const f32, rows: usize, v: *const f32, vs: usize, vhd: usize, o: *mut f32, active: &[bool]) {
+    debug_assert!(rows.is_multiple_of(2) && vhd.is_multiple_of(8) && active.len() >= rows);
+    let mut r = 0;
+    while r + ROWS <= rows {
+        pv_r::<ROWS>(p, r, (v, vs), vhd, o, &active[r..r + ROWS]);
+        r += ROWS;
+    }
+    match rows - r {
+        4 => pv_r::<4>(p, r, (v, vs), vhd, o, &active[r..r + 4]),
+        2 => pv_r::<2>(p, r, (v, vs), vhd, o, &active[r..r + 2]),
+        _ => {}
+    }
+}
+
+/// [`pv`] of rows `r..r + R`, `on` their `active` flags.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn pv_r<const R: usize>(p: *const f32, r: usize, (v, vs): (*const f32, usize), vhd: usize, o: *mut f32, on: &[bool]) {
+    if !on.contains(&true) {
+        return;
+    }
+    let pr = |i: usize, j: usize| _mm256_broadcast_ss(&*p.add((r + i) * KEYS + j));
+    let mut c = 0;
+    while c + 16 <= vhd {
+        let mut a = [[_mm256_setzero_ps(); 2]; R];
+        for (i, a) in a.iter_mut().enumerate() {
+            let op = o.add((r + i) * vhd + c);
+            *a = [_mm256_loadu_ps(op), _mm256_loadu_ps(op.add(8))];
         }
-        let pr = |i: usize, j: usize| _mm256_broadcast_ss(&*p.add((r + i) * KEYS + j));
-        let mut c = 0;
-        while c + 16 <= vhd {
-            let mut a = [[_mm256_setzero_ps(); 2]; ROWS];
+        for j in 0..KEYS {
+            let vp = v.add(j * vs + c);
+            let (v0, v1) = (_mm256_loadu_ps(vp), _mm256_loadu_ps(vp.add(8)));
             for (i, a) in a.iter_mut().enumerate() {
+                let pb = pr(i, j);
+                a[0] = _mm256_fmadd_ps(pb, v0, a[0]);
+                a[1] = _mm256_fmadd_ps(pb, v1, a[1]);
+            }
+        }
+        for (i, a) in a.iter().enumerate() {
+            if on[i] {
                 let op = o.add((r + i) * vhd + c);
-                *a = [_mm256_loadu_ps(op), _mm256_loadu_ps(op.add(8))];
+                _mm256_storeu_ps(op, a[0]);
+                _mm256_storeu_ps(op.add(8), a[1]);
             }
-            for j in 0..KEYS {
-                let vp = v.add(j * vhd + c);
-                let (v0, v1) = (_mm256_loadu_ps(vp), _mm256_loadu_ps(vp.add(8)));
-                for (i, a) in a.iter_mut().enumerate() {
-                    let pb = pr(i, j);
-                    a[0] = _mm256_fmadd_ps(pb, v0, a[0]);
-                    a[1] = _mm256_fmadd_ps(pb, v1, a[1]);
-                }
-            }
-            for (i, a) in a.iter().enumerate() {
-                if on[i] {
-                    let op = o.add((r + i) * vhd + c);
-                    _mm256_storeu_ps(op, a[0]);
-                    _mm256_storeu_ps(op.add(8), a[1]);
-                }
-            }
-            c += 16;
         }
-        if c < vhd {
-            let mut a = [_mm256_setzero_ps(); ROWS];
+        c += 16;
+    }
+    if c < vhd {
+        let mut a = [_mm256_setzero_ps(); R];
+        for (i, a) in a.iter_mut().enumerate() {
+            *a = _mm256_loadu_ps(o.add((r + i) * vhd + c));
+        }
+        for j in 0..KEYS {
+            let vv = _mm256_loadu_ps(v.add(j * vs + c));
             for (i, a) in a.iter_mut().enumerate() {
-                *a = _mm256_loadu_ps(o.add((r + i) * vhd + c));
+                *a = _mm256_fmadd_ps(pr(i, j), vv, *a);
             }
-            for j in 0..KEYS {
-                let vv = _mm256_loadu_ps(v.add(j * vhd + c));
-                for (i, a) in a.iter_mut().enumerate() {
-                    *a = _mm256_fmadd_ps(pr(i, j), vv, *a);
-                }
-            }
-            for (i, a) in a.iter().enumerate() {
-                if on[i] {
-                    _mm256_storeu_ps(o.add((r + i) * vhd + c), *a);
-                }
+        }
+        for (i, a) in a.iter().enumerate() {
+            if on[i] {
+                _mm256_storeu_ps(o.add((r + i) * vhd + c), *a);
             }
         }
     }
