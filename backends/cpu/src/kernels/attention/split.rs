@@ -12,6 +12,8 @@
 
 use super::{exp_sub_sum, max, weighted_values, Inputs, PvRows};
 use crate::kernels::gemv::block;
+#[cfg(target_arch = "x86_64")]
+use crate::kernels::SimdLevel;
 use ft_backend::Result;
 use rayon::prelude::*;
 use rayon::ThreadPool;
@@ -94,12 +96,22 @@ fn segment(inp: &Inputs<'_>, t: usize, a: usize, b: usize) -> Result<Partial> {
     let k_stride = kvh_n * hd;
     let mut scores = vec![0f32; heads * rows];
     let k_row = k.dtype.row_bytes(k_stride);
+    #[cfg(target_arch = "x86_64")]
+    let direct = hd.is_multiple_of(8) && matches!(level.effective(), SimdLevel::Avx2 | SimdLevel::Avx512);
     for (i, &(j, r, n)) in blocks.iter().enumerate() {
         fetch_next(&blocks, i, k.bytes, k_row);
         for kvh in 0..kvh_n {
             let k_rows = &k.bytes[k.dtype.row_bytes(r * k_stride + kvh * hd)..];
             let s = &mut scores[kvh * group * rows + (j - a)..];
-            block(level, &q_tok[kvh * group * hd..], hd, group, hd, k_rows, k.dtype, k_stride, n, s, rows)?;
+            let qg = &q_tok[kvh * group * hd..];
+            #[cfg(target_arch = "x86_64")]
+            if direct && k_rows.len() >= k.dtype.row_bytes((n - 1) * k_stride + hd) && s.len() > (group - 1) * rows + n - 1 {
+                // SAFETY: AVX2 confirmed by `effective`; the checks above cover the `n` keys
+                // and the `group` rows of scores, and `qg` holds `group` query rows.
+                unsafe { crate::kernels::x86::flash::key_scores(crate::kernels::x86::code(k.dtype), qg.as_ptr(), group, hd, k_rows.as_ptr(), k_row, n, s.as_mut_ptr(), rows) };
+                continue;
+            }
+            block(level, qg, hd, group, hd, k_rows, k.dtype, k_stride, n, s, rows)?;
         }
     }
     let (mut mx, mut sum) = (vec![0f32; heads], vec![0f32; heads]);

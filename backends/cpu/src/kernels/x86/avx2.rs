@@ -18,7 +18,7 @@ pub(crate) const ROWS: usize = 4;
 /// 8 weight elements at `p` widened to f32 (bf16: zero-extend and shift, exact).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn load<const D: u8>(p: *const u8) -> __m256 {
+pub(crate) unsafe fn load<const D: u8>(p: *const u8) -> __m256 {
     match D {
         F32 => _mm256_loadu_ps(p as *const f32),
         F16 => _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i)),

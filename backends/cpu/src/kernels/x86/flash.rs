@@ -1,6 +1,8 @@
 //! AVX2 steps of the f32 flash attention (`kernels::attention`'s `flash` module): one block
 //! of [`KEYS`] keys at a time, the scores six query rows by 16 keys a pass, the softmax
-//! carried row by row, the weighted values six rows by 16 columns a pass.
+//! carried row by row, the weighted values six rows by 16 columns a pass. Also the scores of
+//! the position split (`attention::split`, a decode step over a long cache) straight from the
+//! cache ([`key_scores`]).
 //!
 //! Every (row, key) score and every (row, column) sum is one chain of operations in a fixed
 //! order, whatever other rows share the pass: a row's result does not depend on which tokens
@@ -9,7 +11,8 @@
 //! Safety contract of every `pub(crate) unsafe fn` here: the CPU has AVX2, FMA and F16C, and
 //! the pointers cover what each function states.
 
-use super::avx2::{exp_ps, hsum};
+use super::avx2::{exp_ps, hsum, load};
+use super::{esize, BF16, F16, F32};
 use std::arch::x86_64::*;
 
 /// Keys per block.
@@ -206,4 +209,79 @@ unsafe fn pv_r<const R: usize>(p: *const f32, r: usize, (v, vs): (*const f32, us
             }
         }
     }
+}
+
+/// `s[g·ls + j] = q_g · k_j` for query rows `g < rows` of `hd` values (a multiple of 8) at
+/// `q + g·hd`, and `n` keys of cache code `d` read where they lie, key `j` at `k + j·ksb`:
+/// the position split's scores, whose rows (one token's query heads of a KV head) are too few
+/// to pay for widening and transposing the keys. Eight rows a key keep eight chains in
+/// flight and widen each key vector once for all of them; the general product took two rows
+/// by four keys, widening every key vector once per two rows.
+///
+/// # Safety
+/// See the module docs; the `n` keys of `hd` values and `rows` rows of `s` are readable and
+/// writable.
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn key_scores(d: u8, q: *const f32, rows: usize, hd: usize, k: *const u8, ksb: usize, n: usize, s: *mut f32, ls: usize) {
+    match d {
+        F32 => key_scores_d::<F32>(q, rows, hd, k, ksb, n, s, ls),
+        F16 => key_scores_d::<F16>(q, rows, hd, k, ksb, n, s, ls),
+        _ => key_scores_d::<BF16>(q, rows, hd, k, ksb, n, s, ls),
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn key_scores_d<const D: u8>(q: *const f32, rows: usize, hd: usize, k: *const u8, ksb: usize, n: usize, s: *mut f32, ls: usize) {
+    let mut g = 0;
+    while g + 8 <= rows {
+        key_scores_r::<D, 8>(q.add(g * hd), hd, k, ksb, n, s.add(g * ls), ls);
+        g += 8;
+    }
+    if g + 4 <= rows {
+        key_scores_r::<D, 4>(q.add(g * hd), hd, k, ksb, n, s.add(g * ls), ls);
+        g += 4;
+    }
+    while g < rows {
+        key_scores_r::<D, 1>(q.add(g * hd), hd, k, ksb, n, s.add(g * ls), ls);
+        g += 1;
+    }
+}
+
+/// [`key_scores`] of `R` rows (8, 4 or 1).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn key_scores_r<const D: u8, const R: usize>(q: *const f32, hd: usize, k: *const u8, ksb: usize, n: usize, s: *mut f32, ls: usize) {
+    let es = esize(D);
+    for j in 0..n {
+        let kp = k.add(j * ksb);
+        let mut a = [_mm256_setzero_ps(); R];
+        let mut d = 0;
+        while d < hd {
+            let kv = load::<D>(kp.add(d * es));
+            for (i, a) in a.iter_mut().enumerate() {
+                *a = _mm256_fmadd_ps(_mm256_loadu_ps(q.add(i * hd + d)), kv, *a);
+            }
+            d += 8;
+        }
+        if R == 1 {
+            *s.add(j) = hsum(a[0]);
+            continue;
+        }
+        for i in (0..R).step_by(4) {
+            let mut v = [0f32; 4];
+            _mm_storeu_ps(v.as_mut_ptr(), sums4(a[i], a[i + 1], a[i + 2], a[i + 3]));
+            for (c, v) in v.iter().enumerate() {
+                *s.add((i + c) * ls + j) = *v;
+            }
+        }
+    }
+}
+
+/// The lane sums of `a`, `b`, `c`, `d`, each `((0 + 1) + (2 + 3)) + ((4 + 5) + (6 + 7))`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn sums4(a: __m256, b: __m256, c: __m256, d: __m256) -> __m128 {
+    let g = _mm256_hadd_ps(_mm256_hadd_ps(a, b), _mm256_hadd_ps(c, d));
+    _mm_add_ps(_mm256_castps256_ps128(g), _mm256_extractf128_ps::<1>(g))
 }
