@@ -18,8 +18,9 @@
 //!    thread and on all: GFLOP/s counting `2·(head_dim + v_head_dim)` per (query head, key
 //!    seen), median of 5 calls; the path taken (AMX tiles, else the AVX2 flash blocks;
 //!    `FT_NO_AMX=1` leaves the tiles out).
-//! 5. Decode attention alone: one new token over the same cache (the position split), median
-//!    of 101 calls, also as GB/s of the cache's bytes.
+//! 5. Decode attention alone: one new token over the same cache (the position split) and over
+//!    a 512-token one (the flash blocks), median of 101 calls, also as GB/s of the cache's
+//!    bytes.
 //!
 //! `FT_BENCH_THREADS` sets the worker count (default: the backend's); `FT_BENCH_DTYPES`
 //! (comma-separated names such as `q8_0,q4_k`) limits the rows; `FT_BENCH_PARTS` (comma-separated
@@ -100,16 +101,18 @@ fn main() {
         quant_kernel_rate_single_thread();
     }
     if part("4") {
-        attention(512, 5);
+        attention(512, 4096, 5);
     }
     if part("5") {
-        attention(1, 101);
+        attention(1, 4096, 101);
+        attention(1, 512, 101);
     }
 }
 
-/// Parts 4 and 5 of the module docs: `tokens` new tokens, the median of `reps` calls.
-fn attention(tokens: usize, reps: usize) {
-    let (kv_len, heads, kv_heads, hd) = (4096, 32, 4, 128);
+/// Parts 4 and 5 of the module docs: `tokens` new tokens over `kv_len` cached ones, the
+/// median of `reps` calls.
+fn attention(tokens: usize, kv_len: usize, reps: usize) {
+    let (heads, kv_heads, hd) = (32, 4, 128);
     let desc = AttentionDesc { n_tokens: tokens, n_heads: heads, n_kv_heads: kv_heads, head_dim: hd, v_head_dim: hd, kv_len, scale: 1.0 / (hd as f32).sqrt(), window: None };
     let mut rng = ft_backend::conformance::Rng::new(4);
     let f16s = |x: Vec<f32>| -> Vec<u8> { x.iter().flat_map(|&v| half::f16::from_f32(v).to_le_bytes()).collect() };

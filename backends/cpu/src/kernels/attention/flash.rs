@@ -5,17 +5,22 @@
 //! query heads alone and scored them through the general product: 35 GFLOP/s a thread for 512
 //! tokens over a 4,096-token cache, most of a long prompt's prefill. Here a task takes a few
 //! tokens and one KV head, all [`TASK_ROWS`] of their query rows, and meets the head's keys
-//! and values block by block, each block in f32 (the keys transposed) and in L1 while the rows
-//! score it and sum its values. The blocks are widened once per call ([`Widened`]) when
-//! several tasks read a head, else by the one task that does.
+//! and values block by block while the block is in L1. When several tasks read a head, they
+//! read an f32 copy made once per call ([`Widened`]); a decode step's one task a head reads
+//! the cache itself, widening in registers. Keys with transposed copies scored faster (six
+//! rows by sixteen keys, one chain per score: 50–53 GFLOP/s a thread against 36–41 here), but
+//! the copy cost a decode step's few rows more than their arithmetic, and the two routes must
+//! give the same numbers.
 //!
 //! Blocks start at whole multiples of [`KEYS`] positions and a row skips the blocks it sees
-//! nothing of, so each row's numbers are the same in any task: whatever the chunking of the
-//! prompt, the batch or the thread count.
+//! nothing of, and every score and sum is the same chain of operations from either source, so
+//! each row's numbers are the same in any task: whatever the chunking of the prompt, the batch
+//! or the thread count.
 
 use super::{Inputs, Out};
 use crate::kernels::elementwise::decode_row;
-use crate::kernels::x86::flash::{pv, scores, softmax_row, transpose, KEYS};
+use crate::kernels::x86::flash::{key_scores, pv, softmax_row, KEYS};
+use crate::kernels::x86::{code, F32};
 use crate::kernels::SimdLevel;
 use ft_backend::{AttentionDesc, DType, Result};
 use rayon::prelude::*;
@@ -97,11 +102,18 @@ pub(super) fn attention(pool: &ThreadPool, inp: &Inputs<'_>, out: &mut [f32]) ->
     let parallel = pool.current_num_threads() > 1 && tiles * nkv > 1 && work >= PARALLEL_MIN;
     // The first token's window starts earliest; the last token sees the cache's end.
     let (start, end) = (inp.seen(0).0, inp.seen(d.n_tokens - 1).1);
-    let wide = Widened::new(parallel.then_some(pool), inp, &rows, start / KEYS..end.div_ceil(KEYS).max(start / KEYS + 1))?;
+    // Several tasks to a KV head read one f32 copy; one task to a head (a decode step) reads
+    // the cache where it lies, widening in registers: the same values either way. A copy for
+    // one task cost a decode step over 512 cached tokens more than its arithmetic.
+    let wide = if tiles > 1 { Some(Widened::new(parallel.then_some(pool), inp, &rows, start / KEYS..end.div_ceil(KEYS).max(start / KEYS + 1))?) } else { None };
+    let src = match &wide {
+        Some(w) => Source::Wide(w),
+        None => Source::Cache(&rows),
+    };
     // The last tokens see the most keys: their tasks go first.
     let run = |s: &mut Scratch, i: usize| {
         let (tile, h) = (tiles - 1 - i / nkv, i % nkv);
-        task(inp, &wide, s, tile * per..((tile + 1) * per).min(d.n_tokens), h, o)
+        task(inp, src, s, tile * per..((tile + 1) * per).min(d.n_tokens), h, o)
     };
     if parallel {
         pool.install(|| (0..tiles * nkv).into_par_iter().with_max_len(1).try_for_each_init(scratch, run))
@@ -111,22 +123,39 @@ pub(super) fn attention(pool: &ThreadPool, inp: &Inputs<'_>, out: &mut [f32]) ->
     }
 }
 
-/// Blocks per task of [`Widened::new`].
-const WIDEN: usize = 8;
+/// Where a task reads keys and values.
+#[derive(Clone, Copy)]
+enum Source<'a> {
+    /// The call's f32 copy.
+    Wide(&'a Widened),
+    /// The cache itself; the cache row of every position.
+    Cache(&'a [usize]),
+}
 
-/// The keys and values of blocks `first..` in f32, every KV head's: keys a block and head at a
-/// time, transposed for [`scores`] (`[block][head][hd][KEYS]`), values as the cache holds
-/// them (`[position][head][vhd]`), zeros past the cache's end. Made once per call, reading
-/// the cache's rows whole, front to back: widened per head and block in every task, the
-/// rows (1 KiB apart for four heads of 128 f16 values) came in as misses, 36 % of a 512-token
-/// call's time on one thread.
+/// `out.len()` values of cache `c` from value `at` on, in f32: a row at a time, so the
+/// checks and the dispatch of [`decode_row`] per call would cost as much as the widening.
+fn widen(c: &super::KvCache<'_>, at: usize, out: &mut [f32]) -> Result<()> {
+    let (a, n) = (c.dtype.row_bytes(at), c.dtype.row_bytes(out.len()));
+    match c.bytes.get(a..a + n) {
+        // SAFETY: `eligible` confirmed AVX2 and a plain-float cache; `src` holds the values.
+        Some(src) => unsafe { crate::kernels::x86::avx2::decode(crate::kernels::x86::code(c.dtype), src.as_ptr(), out.as_mut_ptr(), out.len()) },
+        None => return decode_row(SimdLevel::Scalar, &c.bytes[a.min(c.bytes.len())..], c.dtype, out),
+    }
+    Ok(())
+}
+
+/// Positions per task of [`Widened::new`].
+const WIDEN: usize = 8 * KEYS;
+
+/// The keys and values of positions from block `first` on in f32, rows as the cache lays
+/// them out (every KV head's), zeros past the cache's end. Made once per call on the pool,
+/// reading the cache's rows whole, front to back: widened per head and block in every task,
+/// the rows (1 KiB apart for four heads of 128 f16 values) came in as misses, 36 % of a
+/// 512-token call's time on one thread.
 struct Widened {
     k: Vec<f32>,
     v: Vec<f32>,
     first: usize,
-    nkv: usize,
-    hd: usize,
-    vhd: usize,
 }
 
 impl Widened {
@@ -138,50 +167,29 @@ impl Widened {
     /// Widens `blocks` of the positions whose cache rows are `rows`, on `pool` where given.
     fn new(pool: Option<&ThreadPool>, inp: &Inputs<'_>, rows: &[usize], blocks: Range<usize>) -> Result<Self> {
         let d = inp.d;
-        let (nkv, hd, vhd) = (d.n_kv_heads, d.head_dim, d.v_head_dim);
-        let (ks, vs) = (nkv * hd, nkv * vhd);
-        let n = blocks.len();
-        let (mut k, mut v) = (vec![0f32; n * KEYS * ks], vec![0f32; n * KEYS * vs]);
+        let (ks, vs) = (d.n_kv_heads * d.head_dim, d.n_kv_heads * d.v_head_dim);
+        let n = blocks.len() * KEYS;
+        let (mut k, mut v) = (vec![0f32; n * ks], vec![0f32; n * vs]);
+        let p0 = blocks.start * KEYS;
         let part = |i: usize, kc: &mut [f32], vc: &mut [f32]| -> Result<()> {
-            let p0 = (blocks.start + i * WIDEN) * KEYS;
-            let (kk, vv) = (inp.k, inp.v);
-            let mut kr = vec![0f32; KEYS * ks];
-            for (b, (kt, vb)) in kc.chunks_exact_mut(KEYS * ks).zip(vc.chunks_exact_mut(KEYS * vs)).enumerate() {
-                let here = rows.get(p0 + b * KEYS..).unwrap_or(&[]);
-                let m = here.len().min(KEYS);
-                for (j, &r) in here[..m].iter().enumerate() {
-                    decode_row(inp.level, &kk.bytes[kk.dtype.row_bytes(r * ks)..], kk.dtype, &mut kr[j * ks..][..ks])?;
-                    decode_row(inp.level, &vv.bytes[vv.dtype.row_bytes(r * vs)..], vv.dtype, &mut vb[j * vs..][..vs])?;
-                }
-                // Past the cache's end: zeros (masked, but finite).
-                kr[m * ks..].fill(0.0);
-                for (h, kt) in kt.chunks_exact_mut(hd * KEYS).enumerate() {
-                    // SAFETY: `eligible` confirmed AVX2 and keys of whole vectors; `kr` holds
-                    // a block of rows of `ks` values, `kt` one head's block.
-                    unsafe { transpose(kr[h * hd..].as_ptr(), ks, hd, kt.as_mut_ptr()) };
-                }
+            let here = rows.get(p0 + i * WIDEN..).unwrap_or(&[]);
+            for ((&r, kr), vr) in here.iter().zip(kc.chunks_exact_mut(ks)).zip(vc.chunks_exact_mut(vs)) {
+                widen(&inp.k, r * ks, kr)?;
+                widen(&inp.v, r * vs, vr)?;
             }
             Ok(())
         };
-        let (kw, vw) = (WIDEN * KEYS * ks, WIDEN * KEYS * vs);
+        let (kw, vw) = (WIDEN * ks, WIDEN * vs);
         match pool {
             Some(pool) => pool.install(|| k.par_chunks_mut(kw).zip(v.par_chunks_mut(vw)).enumerate().try_for_each(|(i, (kc, vc))| part(i, kc, vc)))?,
             None => k.chunks_mut(kw).zip(v.chunks_mut(vw)).enumerate().try_for_each(|(i, (kc, vc))| part(i, kc, vc))?,
         }
-        Ok(Widened { k, v, first: blocks.start, nkv, hd, vhd })
-    }
-
-    /// Head `h`'s transposed keys of block `b`, and its values from the block's first
-    /// position on, a position every `nkv·vhd` values.
-    fn block(&self, h: usize, b: usize) -> (&[f32], &[f32]) {
-        let (hd, vhd, nkv) = (self.hd, self.vhd, self.nkv);
-        let i = b - self.first;
-        (&self.k[(i * nkv + h) * hd * KEYS..][..hd * KEYS], &self.v[i * KEYS * nkv * vhd + h * vhd..])
+        Ok(Widened { k, v, first: blocks.start })
     }
 }
 
 /// Tokens `toks` with KV head `h`'s query heads, into their rows of `o`.
-fn task(inp: &Inputs<'_>, wide: &Widened, s: &mut Scratch, toks: Range<usize>, h: usize, o: Out) -> Result<()> {
+fn task(inp: &Inputs<'_>, src: Source<'_>, s: &mut Scratch, toks: Range<usize>, h: usize, o: Out) -> Result<()> {
     let d = inp.d;
     let (hd, vhd) = (d.head_dim, d.v_head_dim);
     let group = d.n_heads / d.n_kv_heads;
@@ -191,7 +199,7 @@ fn task(inp: &Inputs<'_>, wide: &Widened, s: &mut Scratch, toks: Range<usize>, h
         let head = h * group + g;
         s.set_row(r, &inp.q[(t * d.n_heads + head) * hd..][..hd], inp.seen(t), inp.sinks.map(|x| x[head]));
     }
-    run_rows(inp, wide, s, real, h);
+    run_rows(inp, src, s, real, h);
     let os = d.n_heads * vhd;
     for r in 0..real {
         let (t, g) = (toks.start + r / group, r % group);
@@ -224,9 +232,8 @@ impl Scratch {
 }
 
 /// Rows `0..real` of `s` (set by [`Scratch::set_row`]) against KV head `h`'s blocks they
-/// see (all inside `wide`), each carrying its maximum, sum and weighted values from block to
-/// block.
-fn run_rows(inp: &Inputs<'_>, wide: &Widened, s: &mut Scratch, real: usize, h: usize) {
+/// see, from `src`, each carrying its maximum, sum and weighted values from block to block.
+fn run_rows(inp: &Inputs<'_>, src: Source<'_>, s: &mut Scratch, real: usize, h: usize) {
     let d = inp.d;
     let (hd, vhd) = (d.head_dim, d.v_head_dim);
     // A last odd row is repeated (computed, not used): the kernels take rows in twos.
@@ -239,15 +246,46 @@ fn run_rows(inp: &Inputs<'_>, wide: &Widened, s: &mut Scratch, real: usize, h: u
     let first = s.seen[..padded].iter().map(|p| p.0).min().unwrap_or(0);
     let end = s.seen[..padded].iter().map(|p| p.1).max().unwrap_or(0);
     let blocks = if end > first { first / KEYS..(end - 1) / KEYS + 1 } else { 0..0 };
+    let (ks, vs) = (d.n_kv_heads * hd, d.n_kv_heads * vhd);
+    let (kc, vc) = (inp.k, inp.v);
     for b in blocks {
         let p0 = b * KEYS;
-        let (kt, vb) = wide.block(h, b);
-        // SAFETY: `eligible` confirmed AVX2/FMA/F16C and heads of whole vectors; the buffers
-        // hold `padded` rows (an even count) and the block.
-        unsafe { scores(s.q.as_ptr(), padded, kt.as_ptr(), hd, s.s.as_mut_ptr()) };
+        let n = (d.kv_len - p0).min(KEYS);
+        // The block's keys and values as runs of consecutive rows: (first key, rows, key and
+        // value of the first, code, bytes between rows).
+        let mut runs: [(usize, usize, *const u8, *const u8); KEYS] = [(0, 0, std::ptr::null(), std::ptr::null()); KEYS];
+        let mut nr = 0;
+        let (code_k, code_v, kstep, vstep) = match src {
+            Source::Wide(w) => {
+                let at = p0 - w.first * KEYS;
+                runs[0] = (0, n, w.k[at * ks + h * hd..].as_ptr() as *const u8, w.v[at * vs + h * vhd..].as_ptr() as *const u8);
+                nr = 1;
+                (F32, F32, 4 * ks, 4 * vs)
+            }
+            Source::Cache(rows) => {
+                let mut j = 0;
+                while j < n {
+                    let r = rows[p0 + j];
+                    let mut len = 1;
+                    while j + len < n && rows[p0 + j + len] == r + len {
+                        len += 1;
+                    }
+                    runs[nr] = (j, len, kc.bytes[kc.dtype.row_bytes(r * ks + h * hd)..].as_ptr(), vc.bytes[vc.dtype.row_bytes(r * vs + h * vhd)..].as_ptr());
+                    nr += 1;
+                    j += len;
+                }
+                (code(kc.dtype), code(vc.dtype), kc.dtype.row_bytes(ks), vc.dtype.row_bytes(vs))
+            }
+        };
+        for &(j, len, kp, _) in &runs[..nr] {
+            // SAFETY: `eligible` confirmed AVX2/FMA/F16C and heads of whole vectors; the run's
+            // keys lie in the copy or the cache (checked by the caller), `s` holds `padded`
+            // rows of `KEYS` scores.
+            unsafe { key_scores(code_k, s.q.as_ptr(), padded, hd, kp, kstep, len, s.s.as_mut_ptr().add(j), KEYS) };
+        }
         for r in 0..padded {
             let (a, z) = s.seen[r];
-            let (lo, hi) = (a.saturating_sub(p0).min(KEYS), z.saturating_sub(p0).min(KEYS));
+            let (lo, hi) = (a.saturating_sub(p0).min(n), z.saturating_sub(p0).min(n));
             // SAFETY: as above; row `r`'s scores are `KEYS` values at `r·KEYS`.
             let step = unsafe { softmax_row(s.s.as_mut_ptr().add(r * KEYS), d.scale, lo, hi, &mut s.m[r], &mut s.l[r]) };
             s.active[r] = step.is_some();
@@ -255,8 +293,10 @@ fn run_rows(inp: &Inputs<'_>, wide: &Widened, s: &mut Scratch, real: usize, h: u
                 s.o[r * vhd..][..vhd].iter_mut().for_each(|x| *x *= alpha);
             }
         }
-        // SAFETY: as above; `vb` holds the block's `KEYS` positions of every head.
-        unsafe { pv(s.s.as_ptr(), padded, vb.as_ptr(), d.n_kv_heads * vhd, vhd, s.o.as_mut_ptr(), &s.active[..padded]) };
+        for &(j, len, _, vp) in &runs[..nr] {
+            // SAFETY: as above, for the run's values and `padded` rows of `vhd` sums.
+            unsafe { pv(code_v, s.s.as_ptr().add(j), padded, vp, vstep, len, vhd, s.o.as_mut_ptr(), &s.active[..padded]) };
+        }
     }
 }
 
