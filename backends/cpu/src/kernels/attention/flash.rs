@@ -18,7 +18,7 @@
 //! or the thread count.
 
 use super::{Inputs, Out};
-use crate::kernels::elementwise::decode_row;
+use crate::kernels::shape_err;
 use crate::kernels::x86::flash::{key_scores, pv, softmax_row, KEYS};
 use crate::kernels::x86::{code, F32};
 use crate::kernels::SimdLevel;
@@ -79,8 +79,8 @@ impl Scratch {
     }
 }
 
-/// Most bytes of one call's [`Widened`] copies (a million positions of one KV head of 128:
-/// four times one layer's f16 cache); a call needing more is split by pairs.
+/// Most bytes of one call's [`Widened`] copies (a million positions of one KV head of 128,
+/// twice that cache in f16); a call needing more is split by pairs.
 const WIDE_MAX: usize = 1 << 30;
 
 /// Whether a call of `d` fits [`WIDE_MAX`].
@@ -133,13 +133,13 @@ enum Source<'a> {
 }
 
 /// `out.len()` values of cache `c` from value `at` on, in f32: a row at a time, so the
-/// checks and the dispatch of [`decode_row`] per call would cost as much as the widening.
+/// checks and the dispatch of `decode_row` per call would cost as much as the widening.
 fn widen(c: &super::KvCache<'_>, at: usize, out: &mut [f32]) -> Result<()> {
     let (a, n) = (c.dtype.row_bytes(at), c.dtype.row_bytes(out.len()));
     match c.bytes.get(a..a + n) {
         // SAFETY: `eligible` confirmed AVX2 and a plain-float cache; `src` holds the values.
         Some(src) => unsafe { crate::kernels::x86::avx2::decode(crate::kernels::x86::code(c.dtype), src.as_ptr(), out.as_mut_ptr(), out.len()) },
-        None => return decode_row(SimdLevel::Scalar, &c.bytes[a.min(c.bytes.len())..], c.dtype, out),
+        None => return Err(shape_err(format!("a {} cache of {} bytes ends before value {}", c.dtype, c.bytes.len(), at + out.len()))),
     }
     Ok(())
 }

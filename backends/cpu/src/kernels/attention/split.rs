@@ -12,8 +12,6 @@
 
 use super::{exp_sub_sum, max, weighted_values, Inputs, PvRows};
 use crate::kernels::gemv::block;
-#[cfg(target_arch = "x86_64")]
-use crate::kernels::SimdLevel;
 use ft_backend::Result;
 use rayon::prelude::*;
 use rayon::ThreadPool;
@@ -97,7 +95,7 @@ fn segment(inp: &Inputs<'_>, t: usize, a: usize, b: usize) -> Result<Partial> {
     let mut scores = vec![0f32; heads * rows];
     let k_row = k.dtype.row_bytes(k_stride);
     #[cfg(target_arch = "x86_64")]
-    let direct = hd.is_multiple_of(8) && matches!(level.effective(), SimdLevel::Avx2 | SimdLevel::Avx512);
+    let direct = super::flash::eligible(level, k.dtype, v.dtype, d);
     for (i, &(j, r, n)) in blocks.iter().enumerate() {
         fetch_next(&blocks, i, k.bytes, k_row);
         for kvh in 0..kvh_n {
