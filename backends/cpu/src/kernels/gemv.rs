@@ -518,6 +518,8 @@ pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
 trait Isa {
     const TOKENS: usize;
     const ROWS: usize;
+    /// Whether many-token products take the packed panels ([`super::x86::panel`]).
+    const PANELS: bool;
     unsafe fn tile(d: u8, nt: usize, nr: usize, a: super::x86::Tile);
     unsafe fn decode(d: u8, src: *const u8, dst: *mut f32, len: usize);
 }
@@ -531,6 +533,7 @@ struct Avx2;
 impl Isa for Avx512 {
     const TOKENS: usize = super::x86::avx512::TOKENS;
     const ROWS: usize = super::x86::avx512::ROWS;
+    const PANELS: bool = false;
     unsafe fn tile(d: u8, nt: usize, nr: usize, a: super::x86::Tile) {
         super::x86::avx512::tile(d, nt, nr, a)
     }
@@ -543,6 +546,7 @@ impl Isa for Avx512 {
 impl Isa for Avx2 {
     const TOKENS: usize = super::x86::avx2::TOKENS;
     const ROWS: usize = super::x86::avx2::ROWS;
+    const PANELS: bool = true;
     unsafe fn tile(d: u8, nt: usize, nr: usize, a: super::x86::Tile) {
         super::x86::avx2::tile(d, nt, nr, a)
     }
@@ -597,9 +601,14 @@ unsafe fn drive<I: Isa>(
         }
         return Ok(());
     }
-    // Many tokens: widen a chunk of rows once into contiguous f32 scratch (a plain copy for
-    // f32, which still buys contiguous, cache-resident rows), then sweep every token over it
-    // in k blocks so the chunk's k-slice and the current activation tile stay in L1.
+    if I::PANELS && n >= super::x86::panel::MIN_TOKENS {
+        super::x86::panel::rows(xp, xs, n, k, w.as_ptr(), d, ws, nrows, op, os);
+        return Ok(());
+    }
+    // Many tokens where the panels do not serve (AVX-512; 4..16 tokens): widen a chunk of rows
+    // once into contiguous f32 scratch (a plain copy for f32, which still buys contiguous,
+    // cache-resident rows), then sweep every token over it in k blocks so the chunk's k-slice
+    // and the current activation tile stay in L1.
     let mut scratch = vec![0f32; CHUNK_ROWS * k];
     for c0 in (0..nrows).step_by(CHUNK_ROWS) {
         let cr = CHUNK_ROWS.min(nrows - c0);

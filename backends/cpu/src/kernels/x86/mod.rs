@@ -74,6 +74,7 @@ pub(crate) mod dpbf16;
 pub(crate) mod flash;
 pub(crate) mod fp8_bf16;
 pub(crate) mod fp8_tiles;
+pub(crate) mod panel;
 pub(crate) mod quant;
 pub(crate) mod qdot;
 pub(crate) mod qdot_i8;
