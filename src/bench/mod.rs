@@ -16,6 +16,7 @@ pub mod stream;
 pub mod subagents;
 
 use crate::engine::{EngineError, EngineHandle, EngineRequest, EngineStats, GenEvent};
+use ft_backend_cpu::kernels::clock::{decode_products, ProductTime};
 use ft_backend_cpu::kernels::Loads;
 use rayon::prelude::*;
 use std::time::Instant;
@@ -196,6 +197,10 @@ pub struct BenchReport {
     /// from the kernel's per-thread accounting / (threads × decode wall time)); `None` where
     /// `/proc` does not say.
     pub pool_busy: Option<f64>,
+    /// Where decode-sized weight products ran on the CPU: the share of decode wall time during
+    /// which at least one did, and the weight bytes they read over that time, GB/s
+    /// ([`ft_backend_cpu::kernels::clock`]); `None` where none ran.
+    pub cpu_products: Option<(f64, f64)>,
 }
 
 /// CPU seconds the threads named `ft-cpu-*` (the worker pool) have run, and how many there
@@ -241,6 +246,8 @@ pub async fn run(engine: &EngineHandle, opts: &BenchOptions, progress: &mut (dyn
     let (mut dec_s, mut actor_s, mut expert_s) = (0.0, 0.0, 0.0);
     // Pool CPU seconds and thread-seconds of wall time over every decode run.
     let (mut pool_cpu, mut pool_wall, mut pool_known) = (0.0, 0.0, true);
+    // Decode-sized CPU products over every decode run, and the decode wall time they fall in.
+    let (mut products, mut products_wall) = (ProductTime::default(), 0.0);
     for r in 0..runs {
         let prompt = prompt_for(1 + 2 * r as u32);
         progress(&format!("run {}/{runs}: cold prefill of {} tokens", r + 1, prompt.len()));
@@ -252,7 +259,9 @@ pub async fn run(engine: &EngineHandle, opts: &BenchOptions, progress: &mut (dyn
         // prompt's step is not a decode step). Reset at the first token, it could land after
         // the last step of a fast model and leave nothing counted.
         engine.reset_stats().await?;
-        let Run { after_s: decode_s, tokens: n, pool_cpu: cpu, at_first, .. } = one_run(engine, prompt_for(2 + 2 * r as u32), opts.gen_tokens + 1).await?;
+        let Run { after_s: decode_s, tokens: n, pool_cpu: cpu, at_first, products: timed, .. } = one_run(engine, prompt_for(2 + 2 * r as u32), opts.gen_tokens + 1).await?;
+        products = ProductTime { busy: products.busy + timed.busy, bytes: products.bytes + timed.bytes };
+        products_wall += decode_s;
         match cpu {
             Some((secs, threads)) => {
                 pool_cpu += secs;
@@ -289,6 +298,10 @@ pub async fn run(engine: &EngineHandle, opts: &BenchOptions, progress: &mut (dyn
         actor_overhead: of_decode(actor_s),
         expert_phase: of_decode(expert_s),
         pool_busy: (pool_known && pool_wall > 0.0).then(|| pool_cpu / pool_wall),
+        cpu_products: (products.bytes > 0 && products_wall > 0.0).then(|| {
+            let busy = products.busy.as_secs_f64();
+            (busy / products_wall, products.bytes as f64 / busy.max(1e-9) / 1e9)
+        }),
     })
 }
 
@@ -305,6 +318,8 @@ struct Run {
     /// The engine's stats at the first token: the layer counters after it describe the
     /// decode alone (the prompt's step is done by then).
     at_first: Option<EngineStats>,
+    /// Decode-sized CPU products after the first token.
+    products: ProductTime,
 }
 
 /// Runs one greedy request of `tokens` tokens.
@@ -314,6 +329,7 @@ async fn one_run(engine: &EngineHandle, prompt: Vec<u32>, tokens: usize) -> Resu
     let start = Instant::now();
     let mut stream = engine.generate(req).await?;
     let (mut first, mut n, mut cpu0, mut snapshot) = (None, 0usize, None, None);
+    let mut products0 = decode_products();
     while let Some(ev) = stream.next().await {
         match ev {
             GenEvent::Token { .. } => {
@@ -322,6 +338,7 @@ async fn one_run(engine: &EngineHandle, prompt: Vec<u32>, tokens: usize) -> Resu
                     first = Some(start.elapsed().as_secs_f64());
                     snapshot = Some(engine.stats().await?);
                     cpu0 = pool_cpu_seconds();
+                    products0 = decode_products();
                 }
             }
             GenEvent::Done(_) => break,
@@ -334,7 +351,8 @@ async fn one_run(engine: &EngineHandle, prompt: Vec<u32>, tokens: usize) -> Resu
         (Some((a, _)), Some((b, threads))) => Some((b - a, threads)),
         _ => None,
     };
-    Ok(Run { first_s: first, after_s: elapsed, tokens: n, pool_cpu: cpu, at_first: snapshot })
+    let products = decode_products().since(&products0);
+    Ok(Run { first_s: first, after_s: elapsed, tokens: n, pool_cpu: cpu, at_first: snapshot, products })
 }
 
 fn prompt_len_or_1(o: &BenchOptions) -> f64 {

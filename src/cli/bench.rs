@@ -146,12 +146,14 @@ pub fn run(a: BenchArgs) -> Result<()> {
              weight-matrix product (the model's shape says the figure in brackets); GB/s = counted bytes / decode time; \
              roofline = that / the median bandwidth; prefills are cold; quantized weights meet {} activations; \
              step split = decode wall time in MoE expert phases · the rest (attention, dense layers, routing, head), timed \
-             on the device stream; pool busy = CPU time of the worker pool's threads (kernel accounting; idle workers poll for work while a step runs, and that counts) / (threads × decode time)",
+             on the device stream; pool busy = CPU time of the worker pool's threads (kernel accounting; idle workers poll for work while a step runs, and that counts) / (threads × decode time); \
+             in CPU products = the share of decode wall time during which a pooled weight product of at most 4 tokens ran (timestamps at \
+             entry and exit, overlaps counted once) · the weight bytes those products read / that time",
             opts.repeats,
             a.model.quant_dot
         );
-        println!("| mode | effective | cache slots | prefill tok/s | decode tok/s | MB read/tok | GB/s | roofline | hit rate | MB moved/tok | fetched/tok | CPU experts/tok | actor overhead | step split experts · rest | pool busy |");
-        println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+        println!("| mode | effective | cache slots | prefill tok/s | decode tok/s | MB read/tok | GB/s | roofline | hit rate | MB moved/tok | fetched/tok | CPU experts/tok | actor overhead | step split experts · rest | pool busy | in CPU products |");
+        println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     }
     let mut extra: Vec<(MoeMode, Vec<ConcurrencyReport>, Option<ArrivalReport>)> = vec![];
     for (mode, (info, (r, together, arrival))) in rows {
@@ -173,11 +175,12 @@ pub fn run(a: BenchArgs) -> Result<()> {
                 "actor_overhead_fraction": r.actor_overhead, "b_p": info.b_p, "b_h": info.b_h,
                 "step_expert_fraction": r.expert_phase, "step_rest_fraction": 1.0 - r.expert_phase,
                 "pool_busy_fraction": r.pool_busy,
+                "cpu_products_fraction": r.cpu_products.map(|p| p.0), "cpu_products_gb_s": r.cpu_products.map(|p| p.1),
             });
             println!("{v}");
         } else {
             println!(
-                "| {mode} | {} | {} | {} | {} | {:.0} ({:.0}) | {} | {:.0} % | {:.0} % | {:.1} | {:.1} | {:.1} | {:.2} % | {:.0} % · {:.0} % | {} |",
+                "| {mode} | {} | {} | {} | {} | {:.0} ({:.0}) | {} | {:.0} % | {:.0} % | {:.1} | {:.1} | {:.1} | {:.2} % | {:.0} % · {:.0} % | {} | {} |",
                 info.moe_mode.split(' ').nth(2).unwrap_or("?"),
                 info.memory.cache_slots,
                 spread(&r.prefill_tok_s, 1),
@@ -193,7 +196,8 @@ pub fn run(a: BenchArgs) -> Result<()> {
                 r.actor_overhead * 100.0,
                 r.expert_phase * 100.0,
                 (1.0 - r.expert_phase) * 100.0,
-                r.pool_busy.map_or("n/a".to_string(), |b| format!("{:.0} %", b * 100.0))
+                r.pool_busy.map_or("n/a".to_string(), |b| format!("{:.0} %", b * 100.0)),
+                r.cpu_products.map_or("n/a".to_string(), |(f, gb)| format!("{:.0} % · {gb:.1} GB/s", f * 100.0))
             );
         }
     }

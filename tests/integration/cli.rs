@@ -322,6 +322,10 @@ fn bench_reports_counted_bytes_and_spread() {
         let busy = v["pool_busy_fraction"].as_f64().expect("pool busy on Linux");
         assert!(busy > 0.0 && busy <= 1.05, "pool busy {busy}");
     }
+    // The experts run as pooled decode-sized products on the CPU: timed, with their bytes.
+    let share = v["cpu_products_fraction"].as_f64().expect("CPU products timed");
+    assert!(share > 0.0 && share <= 1.0, "share of decode in CPU products {share}");
+    assert!(v["cpu_products_gb_s"].as_f64().expect("their rate") > 0.0);
 }
 
 /// `bench --concurrency` measures streams decoding together in batched steps: several

@@ -36,6 +36,7 @@ pub struct ManyItem<'a> {
 /// bit) prepare them once. Every product gives the bits [`super::gemv::matmul`] gives it
 /// (the same kernels over the same rows).
 pub fn matmul_many<'a>(pool: &ThreadPool, level: SimdLevel, dot: QuantDot, items: &mut [ManyItem<'a>]) -> Result<()> {
+    let _timed = items.iter().all(|it| it.n <= DECODE_TOKENS).then(|| super::clock::enter(items.iter().map(|it| it.m.saturating_mul(it.dtype.row_bytes(it.k))).sum()));
     let threads = pool.current_num_threads();
     let (ws, ms): (Vec<&'a [u8]>, Vec<usize>) = items.iter().map(|it| (it.w, it.m)).unzip();
     // The first item with the same activations (bit for bit) prepares them for each item.

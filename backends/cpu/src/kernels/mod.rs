@@ -8,6 +8,7 @@
 //! the rest run on the calling thread.
 
 pub mod attention;
+pub mod clock;
 pub mod elementwise;
 pub mod gemv;
 mod many;
