@@ -205,8 +205,8 @@ impl<'a> Prepared<'a> {
                 }
                 match &self.int8 {
                     Some(Int8 { q, d, extras }) => {
-                        // A kernel of the variant's own reads its per-token extras where
-                        // the others read sub-block sums.
+                        // A kernel that reads per-token extras reads them where the others
+                        // read sub-block sums.
                         let (aux, auxs) = match extras {
                             Some(e) => (e, e.len() / n),
                             None => (&self.aux, auxs),
@@ -257,8 +257,8 @@ struct Int8 {
     q: Aligned<i8>,
     /// One scale per 32 values, token-major.
     d: Vec<f32>,
-    /// What a kernel of the instruction variant's own reads beside them
-    /// ([`crate::kernels::x86::qdot_i8::Isa::own_sums`]), token-major.
+    /// What the kernel reads beside them where it reads extras
+    /// ([`crate::kernels::x86::qdot_i8::Isa::has_extras`]), token-major.
     extras: Option<Aligned<f32>>,
 }
 
@@ -295,25 +295,24 @@ fn int8_codes(x: &[f32], xs: usize, n: usize, kp: usize, dtype: DType, isa: crat
             qdot_i8::quantize(&x[t * xs..][..kp], &mut q[t * kp..][..kp], &mut d[t * kp / qdot_i8::QK..][..kp / qdot_i8::QK])
         };
     }
-    let own = isa.own_sums(dtype);
-    let extras = own.then(|| {
+    let with_extras = isa.has_extras(dtype);
+    let extras = with_extras.then(|| {
         let (per, g) = (isa.extras_len(dtype, kp), kp / qdot_i8::QK);
         let sums = aux.len() / n;
         let mut e = Aligned::zeroed(n * per);
         for t in 0..n {
-            isa.own_extras(dtype, &mut q[t * kp..][..kp], &d[t * g..][..g], &aux[t * sums..][..sums], &mut e[t * per..][..per]);
+            isa.make_extras(dtype, &mut q[t * kp..][..kp], &d[t * g..][..g], &aux[t * sums..][..sums], &mut e[t * per..][..per]);
         }
         e
     });
     // The activation order of the kernels that pair scale groups in one register (the kernels
-    // of a variant's own were given theirs above).
+    // that read extras were given theirs above).
     match dtype {
-        _ if own => {}
-        DType::Nvfp4 => qdot_i8::nvfp4_order(&mut q),
+        _ if with_extras => {}
         DType::Q4K | DType::Q5K => qdot_i8::q4_k_order(&mut q, &mut d),
         DType::Q6K => qdot_i8::q6_k_order(&mut q),
         // Per token: whole runs of eight blocks only, the last blocks as they are.
-        DType::Q4_0 | DType::Mxfp4 => q.chunks_exact_mut(kp).for_each(qdot_i8::blocks8_order),
+        DType::Q4_0 => q.chunks_exact_mut(kp).for_each(qdot_i8::blocks8_order),
         _ => {}
     }
     Int8 { q, d, extras }

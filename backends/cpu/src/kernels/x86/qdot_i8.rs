@@ -8,7 +8,9 @@
 //! NVFP4 and Q6_K scales, applied per half of the group's lanes):
 //!
 //! * Q8_0, MXFP4, NVFP4 (signed codes, the sign moved onto the activation so `vpmaddubsw` sees
-//!   an unsigned operand): `s_w · d_g · Σ q·a`;
+//!   an unsigned operand; the E2M1 codes of MXFP4's eight-block steps and of NVFP4 instead
+//!   offset by 12 to unsigned, the offset times the activations' integer sum taken back from
+//!   each lane): `s_w · d_g · Σ q·a`;
 //! * Q4_0, Q4_K, Q5_K, Q6_K (unsigned codes with an offset or a min): `s · d_g · Σ q·a` minus
 //!   `offset · S`, where `S` is the **exact** f32 sum of `x` over the sub-block (as in
 //!   [`super::qdot`]), so only the code term carries the activation rounding.
@@ -269,8 +271,8 @@ kernel!(q4_0_rows, q4_0_oct, 32, 18, 1, 1.0, 8, q4_0_blk);
 kernel!(q4_k_rows, q4_k_blk, 256, 144, 8, 1.0);
 kernel!(q5_k_rows, q5_k_blk, 256, 176, 8, 1.0);
 kernel!(q6_k_rows, q6_k_blk, 256, 210, 16, 1.0);
-kernel!(mxfp4_rows, mxfp4_oct, 32, 17, 0, 0.5, 8, mxfp4_blk);
-kernel!(nvfp4_rows, nvfp4_blk, 256, 148, 0, 0.5);
+kernel!(mxfp4_rows, mxfp4_oct, 32, 17, 1, 0.5, 8, mxfp4_blk);
+kernel!(nvfp4_rows, nvfp4_blk, 256, 148, 32, 0.5);
 
 /// A module `$m` holding, for the sums `$d` and target features `$feat`, one compiled driver
 /// and entry per type (`$r1` rows interleaved for one token: 1 for Q8_0, whose rows stream from
@@ -490,7 +492,7 @@ unsafe fn q4_0_oct<D: Dot, const R: usize, const N: usize>(
         let dw = _mm256_cvtph_ps(_mm_loadu_si128(h.as_ptr() as *const __m128i));
         let dw8 = _mm256_mul_ps(dw, _mm256_set1_ps(8.0));
         for t in 0..N {
-            let v = _mm256_fmadd_ps(cvt(D::blocks8_sums::<false>(&lo, &hi, q[t])), _mm256_mul_ps(dw, _mm256_loadu_ps(d[t])), acc[r][t][0]);
+            let v = _mm256_fmadd_ps(cvt(D::blocks8_sums(&lo, &hi, q[t])), _mm256_mul_ps(dw, _mm256_loadu_ps(d[t])), acc[r][t][0]);
             acc[r][t][0] = _mm256_fnmadd_ps(dw8, _mm256_loadu_ps(a[t]), v);
         }
     }

@@ -11,6 +11,20 @@ unsafe fn e2m1_table() -> __m256i {
     _mm256_broadcastsi128_si256(_mm_loadu_si128(E2M1_X2.as_ptr() as *const __m128i))
 }
 
+/// What [`E2M1_OFFSET`] adds to every doubled E2M1 value, making it unsigned.
+const OFFSET: i32 = 12;
+/// The doubled E2M1 values plus [`OFFSET`]: 0..=24, an unsigned `vpmaddubsw` operand as it
+/// is, so the codes' signs need not move onto the activations (two `vpsignb` a register).
+const E2M1_OFFSET: [u8; 16] = {
+    let mut t = [0u8; 16];
+    let mut i = 0;
+    while i < 16 {
+        t[i] = (E2M1_X2[i] as i32 + OFFSET) as u8;
+        i += 1;
+    }
+    t
+};
+
 /// MXFP4: `2^e · d_g · Σ (2·e2m1)·a` per block of 32 (the final `× ½` undoes the doubling).
 #[inline(always)]
 pub(super) unsafe fn mxfp4_blk<D: Dot, const R: usize, const N: usize>(
@@ -39,23 +53,6 @@ pub(crate) fn e8m0_bits(code: u8) -> u32 {
     ((code as u32) << 23) | ((((code == 0) | (code == 255)) as u32) << 22)
 }
 
-/// The E2M1 codes of 32 packed bytes `v` as doubled signed bytes, low nibbles then high
-/// nibbles: `(low, |low|, high, |high|)`, the magnitudes being the unsigned operands.
-#[inline(always)]
-unsafe fn e2m1_nibbles(v: __m256i) -> [__m256i; 4] {
-    let (table, m4) = (e2m1_table(), _mm256_set1_epi8(0x0f));
-    let lo = _mm256_shuffle_epi8(table, _mm256_and_si256(v, m4));
-    let hi = _mm256_shuffle_epi8(table, _mm256_and_si256(_mm256_srli_epi16::<4>(v), m4));
-    [lo, _mm256_sign_epi8(lo, lo), hi, _mm256_sign_epi8(hi, hi)]
-}
-
-/// `Σ lo·a[0..32] + Σ hi·a[32..64]` per i32 lane for the codes of [`e2m1_nibbles`] and 64 int8
-/// activations at `q` (each code's sign moved onto its activation).
-#[inline(always)]
-unsafe fn e2m1_dot<D: Dot>(c: &[__m256i; 4], q: *const i8) -> __m256i {
-    D::dot_u2(c[1], _mm256_sign_epi8(lda(q, 0), c[0]), c[3], _mm256_sign_epi8(lda(q, 32), c[2]))
-}
-
 /// Lanes 0 and 1 of `v` spread over lanes 0..4 and 4..8.
 #[inline(always)]
 unsafe fn halves(v: __m128) -> __m256 {
@@ -68,20 +65,31 @@ unsafe fn halves_at(p: *const f32) -> __m256 {
     halves(_mm_castsi128_ps(_mm_loadl_epi64(p as *const __m128i)))
 }
 
+/// MXFP4's extras for one token's codes `q` (natural order, whole runs of eight blocks
+/// first): per block, `−OFFSET ·` the sum of its 32 codes, as i32 bits, for [`mxfp4_oct`].
+pub(crate) fn mxfp4_extras(q: &[i8], out: &mut [f32]) {
+    for (o, block) in out.iter_mut().zip(q.chunks_exact(32)) {
+        let s: i32 = block.iter().map(|&v| v as i32).sum();
+        *o = f32::from_bits((-OFFSET * s) as u32);
+    }
+}
+
 /// MXFP4, eight blocks a step: the blocks' code bytes transposed by dwords
 /// ([`super::dwords_4x4`]), so lane `l` of every register is block `l`, against activations in
 /// [`super::blocks8_order`]; the eight registers' products add into one i32 vector and meet the
 /// blocks' scales in one conversion and one multiply-add per token, where each pair of blocks
-/// took one of each and a scale spread.
+/// took one of each and a scale spread. The codes enter offset to unsigned ([`E2M1_OFFSET`])
+/// and each block's sum takes back `OFFSET ·` its activations' sum ([`mxfp4_extras`], at
+/// `a`): the same integers as signed codes, without the sixteen `vpsignb` a token's step took.
 #[inline(always)]
 pub(super) unsafe fn mxfp4_oct<D: Dot, const R: usize, const N: usize>(
     w: &[*const u8; R],
     q: &[*const i8; N],
     d: &[*const f32; N],
-    _a: &[*const f32; N],
+    a: &[*const f32; N],
     acc: &mut Acc<R, N>,
 ) {
-    let (table, m4) = (e2m1_table(), _mm256_set1_epi8(0x0f));
+    let (table, m4) = (_mm256_broadcastsi128_si256(_mm_loadu_si128(E2M1_OFFSET.as_ptr() as *const __m128i)), _mm256_set1_epi8(0x0f));
     for r in 0..R {
         let p = w[r];
         // Blocks b and b + 4 side by side (codes after each block's scale byte). Written out:
@@ -100,7 +108,8 @@ pub(super) unsafe fn mxfp4_oct<D: Dot, const R: usize, const N: usize>(
         }
         let ev = _mm256_castsi256_ps(_mm256_loadu_si256(e.as_ptr() as *const __m256i));
         for t in 0..N {
-            let sums = cvt(D::blocks8_sums::<true>(&lo, &hi, q[t]));
+            let sums = _mm256_add_epi32(D::blocks8_sums_u24(&lo, &hi, q[t]), _mm256_loadu_si256(a[t] as *const __m256i));
+            let sums = cvt(sums);
             acc[r][t][0] = _mm256_fmadd_ps(sums, _mm256_mul_ps(ev, _mm256_loadu_ps(d[t])), acc[r][t][0]);
         }
     }
@@ -152,30 +161,49 @@ pub(crate) fn nvfp4_order(q: &mut [i8]) {
     }
 }
 
+/// NVFP4's extras for one token's codes `q` (in [`nvfp4_order`]): per run of 64 values and
+/// lane `l` of [`nvfp4_blk`]'s sums, `−OFFSET ·` the sum of the eight codes that lane meets
+/// (bytes `4l..4l + 4` of both halves), as i32 bits.
+pub(crate) fn nvfp4_extras(q: &[i8], out: &mut [f32]) {
+    for (o, run) in out.chunks_exact_mut(8).zip(q.chunks_exact(64)) {
+        for (l, o) in o.iter_mut().enumerate() {
+            let s: i32 = run[4 * l..][..4].iter().chain(&run[32 + 4 * l..][..4]).map(|&v| v as i32).sum();
+            *o = f32::from_bits((-OFFSET * s) as u32);
+        }
+    }
+}
+
 /// NVFP4: `(e4m3(sc_g)·global) · d · Σ (2·e2m1)·a` per group of 16 (final `× ½`), 64 values a
 /// step: the even values' codes (low nibbles) and the odd values' (high) meet the activations
 /// of [`nvfp4_order`] and add into one i32 vector whose lane pairs are the four groups, so
-/// each step converts and scales once instead of once per 32 values.
+/// each step converts and scales once instead of once per 32 values. The codes enter offset
+/// to unsigned ([`E2M1_OFFSET`]) and each lane's sum takes back `OFFSET ·` its activations'
+/// sum ([`nvfp4_extras`], at `a`): the same integers as signed codes with their signs moved
+/// onto the activations, in four instructions fewer a step and token.
 #[inline(always)]
 pub(super) unsafe fn nvfp4_blk<D: Dot, const R: usize, const N: usize>(
     w: &[*const u8; R],
     q: &[*const i8; N],
     d: &[*const f32; N],
-    _a: &[*const f32; N],
+    a: &[*const f32; N],
     acc: &mut Acc<R, N>,
 ) {
+    let (table, m4) = (_mm256_broadcastsi128_si256(_mm_loadu_si128(E2M1_OFFSET.as_ptr() as *const __m128i)), _mm256_set1_epi8(0x0f));
     for r in 0..R {
         let p = w[r];
         let gs = nvfp4_scales(p.add(4), (p as *const f32).read_unaligned());
         for c in 0..4 {
-            let codes = e2m1_nibbles(_mm256_loadu_si256(p.add(20 + 32 * c) as *const __m256i));
+            let v = _mm256_loadu_si256(p.add(20 + 32 * c) as *const __m256i);
+            let lo = _mm256_shuffle_epi8(table, _mm256_and_si256(v, m4));
+            let hi = _mm256_shuffle_epi8(table, _mm256_and_si256(_mm256_srli_epi16::<4>(v), m4));
             // Groups 4c .. 4c + 4, each over two lanes.
             let b = (4 * (c % 2)) as i32;
             let pick = _mm256_setr_epi32(b, b, b + 1, b + 1, b + 2, b + 2, b + 3, b + 3);
             let sv = _mm256_permutevar8x32_ps(gs[c / 2], pick);
             for t in 0..N {
                 // Lanes 0..4 take activation scale 2c, lanes 4..8 scale 2c + 1.
-                let dot = e2m1_dot::<D>(&codes, q[t].add(64 * c));
+                let dot = D::dot_u2(lo, lda(q[t], 64 * c), hi, lda(q[t], 64 * c + 32));
+                let dot = _mm256_add_epi32(dot, _mm256_loadu_si256(a[t].add(8 * c) as *const __m256i));
                 let scale = _mm256_mul_ps(sv, halves_at(d[t].add(2 * c)));
                 acc[r][t][c & 1] = _mm256_fmadd_ps(cvt(dot), scale, acc[r][t][c & 1]);
             }

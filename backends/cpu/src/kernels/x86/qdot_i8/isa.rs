@@ -55,24 +55,41 @@ impl Isa {
             && matches!(dtype, DType::Mxfp4 | DType::Q8_0 | DType::Q6K)
     }
 
-    /// Extras per token of `kp` values that `dtype`'s kernel of this variant's own reads
-    /// ([`Isa::own_sums`]).
+    /// Whether `dtype`'s kernel reads per-token extras made with its activations
+    /// ([`Isa::make_extras`]): the kernels of a variant's own ([`Isa::own_sums`]), and the E2M1
+    /// types on every variant (the offsets of their unsigned codes,
+    /// [`super::fp4::nvfp4_extras`], [`super::fp4::mxfp4_extras`]).
+    pub(crate) fn has_extras(self, dtype: DType) -> bool {
+        self.own_sums(dtype) || matches!(dtype, DType::Nvfp4 | DType::Mxfp4)
+    }
+
+    /// Extras per token of `kp` values that `dtype`'s kernel reads ([`Isa::has_extras`]).
     pub(crate) fn extras_len(self, dtype: DType, kp: usize) -> usize {
-        debug_assert!(self.own_sums(dtype));
+        debug_assert!(self.has_extras(dtype));
         match dtype {
+            DType::Nvfp4 => kp / 8,
+            DType::Mxfp4 if !self.own_sums(dtype) => kp / QK,
             DType::Mxfp4 => kp / mxfp4_zmm::GROUP * mxfp4_zmm::EXTRAS,
             DType::Q6K => kp / dtype.block_elems() * q6_k_zmm::EXTRAS,
             _ => kp / QK,
         }
     }
 
-    /// One token's extras for `dtype`'s kernel of this variant's own into `out`
-    /// ([`Isa::extras_len`] values), from its codes `q` (natural order), scales `d` and exact
-    /// sub-block sums `sums` ([`crate::kernels::x86::qdot::aux_per_block`] a block); `q` is
-    /// left in that kernel's order.
-    pub(crate) fn own_extras(self, dtype: DType, q: &mut [i8], d: &[f32], sums: &[f32], out: &mut [f32]) {
-        debug_assert!(self.own_sums(dtype));
+    /// One token's extras for `dtype`'s kernel into `out` ([`Isa::extras_len`] values), from
+    /// its codes `q` (natural order), scales `d` and exact sub-block sums `sums`
+    /// ([`crate::kernels::x86::qdot::aux_per_block`] a block); `q` is left in that kernel's
+    /// order.
+    pub(crate) fn make_extras(self, dtype: DType, q: &mut [i8], d: &[f32], sums: &[f32], out: &mut [f32]) {
+        debug_assert!(self.has_extras(dtype));
         match dtype {
+            DType::Nvfp4 => {
+                super::nvfp4_order(q);
+                super::fp4::nvfp4_extras(q, out);
+            }
+            DType::Mxfp4 if !self.own_sums(dtype) => {
+                super::fp4::mxfp4_extras(q, out);
+                super::blocks8_order(q);
+            }
             DType::Mxfp4 => {
                 mxfp4_zmm::extras(q, d, out);
                 mxfp4_zmm::order(q);
@@ -128,24 +145,19 @@ pub(super) trait Dot {
         k4_sums::<Self>(l, h, a)
     }
     /// Eight 32-value blocks' sums against one token's codes at `a` ([`super::blocks8_order`]):
-    /// `lo[i]`, `hi[i]` their transposed codes, lane `l` of the result block `l`'s sum. The
-    /// codes are Q4_0's unsigned nibbles ([`super::q4_0_oct`]), or where `SIGNED` MXFP4's doubled
-    /// E2M1 values ([`super::fp4::mxfp4_oct`]), each code's sign moved onto its activation.
+    /// `lo[i]`, `hi[i]` their transposed unsigned codes (Q4_0's nibbles, [`super::q4_0_oct`]),
+    /// lane `l` of the result block `l`'s sum.
     #[inline(always)]
-    unsafe fn blocks8_sums<const SIGNED: bool>(lo: &[__m256i; 4], hi: &[__m256i; 4], a: *const i8) -> __m256i {
-        let op = |c: __m256i, i: usize| operands::<SIGNED>(c, a, i);
-        let dot = |c: __m256i, i: usize| {
-            let (u, v) = op(c, i);
-            Self::dot_u(u, v)
-        };
-        let dot_acc = |s: __m256i, c: __m256i, i: usize| {
-            let (u, v) = op(c, i);
-            Self::dot_u_acc(s, u, v)
-        };
-        _mm256_add_epi32(
-            _mm256_add_epi32(dot_acc(dot(lo[0], 0), hi[0], 1), dot_acc(dot(lo[1], 2), hi[1], 3)),
-            _mm256_add_epi32(dot_acc(dot(lo[2], 4), hi[2], 5), dot_acc(dot(lo[3], 6), hi[3], 7)),
-        )
+    unsafe fn blocks8_sums(lo: &[__m256i; 4], hi: &[__m256i; 4], a: *const i8) -> __m256i {
+        let ld = |i: usize| _mm256_loadu_si256(a.add(32 * i) as *const __m256i);
+        let pair = |i: usize| Self::dot_u_acc(Self::dot_u(lo[i], ld(2 * i)), hi[i], ld(2 * i + 1));
+        _mm256_add_epi32(_mm256_add_epi32(pair(0), pair(1)), _mm256_add_epi32(pair(2), pair(3)))
+    }
+    /// [`Dot::blocks8_sums`] of unsigned codes of at most 24 (MXFP4's offset E2M1 values,
+    /// [`super::fp4::mxfp4_oct`]).
+    #[inline(always)]
+    unsafe fn blocks8_sums_u24(lo: &[__m256i; 4], hi: &[__m256i; 4], a: *const i8) -> __m256i {
+        Self::blocks8_sums(lo, hi, a)
     }
     /// Half a Q6_K block's sub-block sums against one token's codes at `a` ([`super::q6_k_order`]):
     /// `z` its transposed code registers ([`super::q6_k_blk`]), lane `k` of the result the
@@ -190,19 +202,6 @@ unsafe fn k4_sums<D: Dot + ?Sized>(l: &[__m256i; 4], h: &[__m256i; 4], a: *const
         D::dot_u_acc(D::dot_u(h[2], ld(5)), h[3], ld(7)),
     );
     halves_epi32(lo, hi)
-}
-
-/// The unsigned and signed operands of code register `c` against activations `32i..` at `a`:
-/// the codes as they are, or where `SIGNED` their magnitudes and the activations with the
-/// codes' signs.
-#[inline(always)]
-unsafe fn operands<const SIGNED: bool>(c: __m256i, a: *const i8, i: usize) -> (__m256i, __m256i) {
-    let v = _mm256_loadu_si256(a.add(32 * i) as *const __m256i);
-    if SIGNED {
-        (_mm256_sign_epi8(c, c), _mm256_sign_epi8(v, c))
-    } else {
-        (c, v)
-    }
 }
 
 /// `[x.low + x.high | y.low + y.high]` of 128-bit halves, in 32-bit lanes.
@@ -307,17 +306,23 @@ impl Dot for Madd {
         halves_epi32(_mm256_madd_epi16(lo, one), _mm256_madd_epi16(hi, one))
     }
     /// [`Dot::blocks8_sums`] in 16 bits until the last step: each lane adds 16 products of a
-    /// code (a nibble, at most 15, or a doubled E2M1 magnitude, at most 12) and an activation,
-    /// at most `16·15·127 = 30480`.
+    /// nibble (at most 15) and an activation, at most `16·15·127 = 30480`.
     #[inline(always)]
-    unsafe fn blocks8_sums<const SIGNED: bool>(lo: &[__m256i; 4], hi: &[__m256i; 4], a: *const i8) -> __m256i {
-        let m = |c: __m256i, i: usize| {
-            let (u, v) = operands::<SIGNED>(c, a, i);
-            _mm256_maddubs_epi16(u, v)
-        };
+    unsafe fn blocks8_sums(lo: &[__m256i; 4], hi: &[__m256i; 4], a: *const i8) -> __m256i {
+        let m = |c: __m256i, i: usize| _mm256_maddubs_epi16(c, _mm256_loadu_si256(a.add(32 * i) as *const __m256i));
         let s0 = _mm256_add_epi16(_mm256_add_epi16(m(lo[0], 0), m(hi[0], 1)), _mm256_add_epi16(m(lo[1], 2), m(hi[1], 3)));
         let s1 = _mm256_add_epi16(_mm256_add_epi16(m(lo[2], 4), m(hi[2], 5)), _mm256_add_epi16(m(lo[3], 6), m(hi[3], 7)));
         _mm256_madd_epi16(_mm256_add_epi16(s0, s1), _mm256_set1_epi16(1))
+    }
+    /// [`Dot::blocks8_sums_u24`] with four registers' pair sums added in 16 bits: each lane
+    /// adds 8 products of a code of at most 24 and an activation, at most `8·24·127 = 24384`.
+    #[inline(always)]
+    unsafe fn blocks8_sums_u24(lo: &[__m256i; 4], hi: &[__m256i; 4], a: *const i8) -> __m256i {
+        let m = |c: __m256i, i: usize| _mm256_maddubs_epi16(c, _mm256_loadu_si256(a.add(32 * i) as *const __m256i));
+        let one = _mm256_set1_epi16(1);
+        let s0 = _mm256_add_epi16(_mm256_add_epi16(m(lo[0], 0), m(hi[0], 1)), _mm256_add_epi16(m(lo[1], 2), m(hi[1], 3)));
+        let s1 = _mm256_add_epi16(_mm256_add_epi16(m(lo[2], 4), m(hi[2], 5)), _mm256_add_epi16(m(lo[3], 6), m(hi[3], 7)));
+        _mm256_add_epi32(_mm256_madd_epi16(s0, one), _mm256_madd_epi16(s1, one))
     }
     /// [`Dot::q6_k_sums`] with two registers' pair sums added in 16 bits: 4 products of a
     /// 6-bit code and an activation, at most `4·63·127 = 32004`.
@@ -457,7 +462,8 @@ mod tests {
     /// Madd's block sums that add pair sums of several registers in 16 bits give the i32
     /// sums at their documented bounds (every code at its largest magnitude against ±127
     /// everywhere) and on random codes: Q4_K (15) and Q5_K (31) against the per-register
-    /// widening of [`k4_sums`], Q6_K (63), E2M1 (±12) and Q4_0 (15) against sums of the bytes.
+    /// widening of [`k4_sums`], Q6_K (63), offset E2M1 (24) and Q4_0 (15) against sums of the
+    /// bytes.
     #[test]
     fn madd_block_sums_add_in_16_bits_without_saturating() {
         if !std::arch::is_x86_feature_detected!("avx2") {
@@ -477,16 +483,14 @@ mod tests {
                     _ => ((rng.next_u64() % 255) as i32 - 127) as i8,
                 };
             }
-            let mut codes = |max: u8, signed: bool| -> [[u8; 32]; 8] {
+            let mut codes = |max: u8| -> [[u8; 32]; 8] {
                 let mut c = [[0u8; 32]; 8];
                 for b in c.iter_mut().flatten() {
-                    let r = rng.next_u64();
-                    let m = if case < 4 { max } else { (r % (max as u64 + 1)) as u8 };
-                    *b = if signed && (r >> 32) & 1 == 1 { m.wrapping_neg() } else { m };
+                    *b = if case < 4 { max } else { (rng.next_u64() % (max as u64 + 1)) as u8 };
                 }
                 c
             };
-            let (c4, c5, c6, ce) = (codes(15, false), codes(31, false), codes(63, false), codes(12, true));
+            let (c4, c5, c6, ce) = (codes(15), codes(31), codes(63), codes(24));
             let split = |c: &[[u8; 32]; 8]| ([0, 1, 2, 3].map(|i| reg(&c[i])), [4, 5, 6, 7].map(|i| reg(&c[i])));
             // SAFETY: AVX2 is present (checked above); every load reads 32 bytes of a 32-byte
             // array or of `a`'s 256.
@@ -498,33 +502,32 @@ mod tests {
                     assert_eq!(lanes(got), lanes(k4_sums::<Madd>(&l, &h, ap)), "{name} case {case}");
                 }
                 // Q6_K: register i against activations 32i..; lane k sums bytes 4k..4k + 4.
-                let want = |c: &[[u8; 32]; 8], regs: usize, signed: bool| -> [i32; 8] {
+                let want = |c: &[[u8; 32]; 8], regs: usize| -> [i32; 8] {
                     let mut w = [0i32; 8];
                     for (i, ci) in c.iter().take(regs).enumerate() {
                         for (b, &v) in ci.iter().enumerate() {
-                            let v = if signed { v as i8 as i32 } else { v as i32 };
-                            w[b / 4] += v * a[32 * i + b] as i32;
+                            w[b / 4] += v as i32 * a[32 * i + b] as i32;
                         }
                     }
                     w
                 };
                 let z = [0, 1, 2, 3].map(|i| reg(&c6[i]));
-                assert_eq!(lanes(Madd::q6_k_sums(&z, ap)), want(&c6, 4, false), "Q6_K case {case}");
-                // E2M1: lo[i] against activations 64i.., hi[i] against 64i + 32...
+                assert_eq!(lanes(Madd::q6_k_sums(&z, ap)), want(&c6, 4), "Q6_K case {case}");
+                // Offset E2M1 codes: lo[i] against activations 64i.., hi[i] against 64i + 32...
                 let order = [0, 4, 1, 5, 2, 6, 3, 7];
                 let mut ce_in_order = [[0u8; 32]; 8];
                 for (o, &j) in ce_in_order.iter_mut().zip(&order) {
                     *o = ce[j];
                 }
                 let (lo, hi) = split(&ce);
-                assert_eq!(lanes(Madd::blocks8_sums::<true>(&lo, &hi, ap)), want(&ce_in_order, 8, true), "E2M1 case {case}");
+                assert_eq!(lanes(Madd::blocks8_sums_u24(&lo, &hi, ap)), want(&ce_in_order, 8), "E2M1 case {case}");
                 // Q4_0's nibbles, in E2M1's register order.
                 let mut c4_in_order = [[0u8; 32]; 8];
                 for (o, &j) in c4_in_order.iter_mut().zip(&order) {
                     *o = c4[j];
                 }
                 let (lo, hi) = split(&c4);
-                assert_eq!(lanes(Madd::blocks8_sums::<false>(&lo, &hi, ap)), want(&c4_in_order, 8, false), "Q4_0 case {case}");
+                assert_eq!(lanes(Madd::blocks8_sums(&lo, &hi, ap)), want(&c4_in_order, 8), "Q4_0 case {case}");
             }
         }
     }
