@@ -73,7 +73,8 @@ pub(crate) struct Job {
     pub d: *const f32,
     /// Elements between tokens in `d`.
     pub ds: usize,
-    /// Token `t`'s exact sub-block sums ([`super::qdot::aux_per_block`] per block).
+    /// Token `t`'s exact sub-block sums ([`super::qdot::aux_per_block`] per block), or where
+    /// the kernel reads extras ([`Isa::has_extras`]) its extras.
     pub aux: *const f32,
     /// Elements between tokens in `aux`.
     pub auxs: usize,

@@ -11,6 +11,13 @@ unsafe fn e2m1_table() -> __m256i {
     _mm256_broadcastsi128_si256(_mm_loadu_si128(E2M1_X2.as_ptr() as *const __m128i))
 }
 
+/// [`E2M1_OFFSET`] as a byte table in both 128-bit lanes.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn e2m1_offset_table() -> __m256i {
+    _mm256_broadcastsi128_si256(_mm_loadu_si128(E2M1_OFFSET.as_ptr() as *const __m128i))
+}
+
 /// What [`E2M1_OFFSET`] adds to every doubled E2M1 value, making it unsigned.
 const OFFSET: i32 = 12;
 /// The doubled E2M1 values plus [`OFFSET`]: 0..=24, an unsigned `vpmaddubsw` operand as it
@@ -89,7 +96,7 @@ pub(super) unsafe fn mxfp4_oct<D: Dot, const R: usize, const N: usize>(
     a: &[*const f32; N],
     acc: &mut Acc<R, N>,
 ) {
-    let (table, m4) = (_mm256_broadcastsi128_si256(_mm_loadu_si128(E2M1_OFFSET.as_ptr() as *const __m128i)), _mm256_set1_epi8(0x0f));
+    let (table, m4) = (e2m1_offset_table(), _mm256_set1_epi8(0x0f));
     for r in 0..R {
         let p = w[r];
         // Blocks b and b + 4 side by side (codes after each block's scale byte). Written out:
@@ -188,7 +195,7 @@ pub(super) unsafe fn nvfp4_blk<D: Dot, const R: usize, const N: usize>(
     a: &[*const f32; N],
     acc: &mut Acc<R, N>,
 ) {
-    let (table, m4) = (_mm256_broadcastsi128_si256(_mm_loadu_si128(E2M1_OFFSET.as_ptr() as *const __m128i)), _mm256_set1_epi8(0x0f));
+    let (table, m4) = (e2m1_offset_table(), _mm256_set1_epi8(0x0f));
     for r in 0..R {
         let p = w[r];
         let gs = nvfp4_scales(p.add(4), (p as *const f32).read_unaligned());
