@@ -27,7 +27,6 @@ impl ProductTime {
 }
 
 /// The union of product intervals, from explicit timestamps.
-#[derive(Default)]
 struct Clock {
     running: usize,
     since: Option<Instant>,
