@@ -146,10 +146,33 @@ pub fn gguf_python() -> Option<PathBuf> {
     None
 }
 
-/// `<temp>/<prefix><pid>-<what>`, a scratch folder of this test process. Test binaries have
-/// no teardown, so the first call removes the folders of earlier runs whose process has ended
-/// (the GGUF and quantized tests write ~1 GB a run, which filled the disk after a few dozen).
+/// The scratch folders this process made, removed when it exits.
+static MADE: std::sync::Mutex<Vec<PathBuf>> = std::sync::Mutex::new(Vec::new());
+
+extern "C" {
+    fn atexit(f: extern "C" fn()) -> std::os::raw::c_int;
+}
+
+extern "C" fn remove_scratch() {
+    if let Ok(made) = MADE.lock() {
+        for d in made.iter() {
+            let _ = std::fs::remove_dir_all(d);
+        }
+    }
+}
+
+/// `<temp>/<prefix><pid>-<what>`, a scratch folder of this test process, removed when the
+/// process exits (libtest has no teardown; the C runtime's exit handlers run after its last test,
+/// pass or fail). The GGUF and quantized tests write ~2 GB a run: left behind until the next
+/// run's sweep, they filled a nearly full CI disk. The first call still removes the folders of
+/// earlier runs whose process has ended (killed runs never reach their exit handlers).
 pub fn scratch_dir(prefix: &str, what: &str) -> PathBuf {
+    static REGISTER: std::sync::Once = std::sync::Once::new();
+    // SAFETY: `atexit` takes a plain function pointer; `remove_scratch` only takes a lock and
+    // removes folders.
+    REGISTER.call_once(|| unsafe {
+        atexit(remove_scratch);
+    });
     static SWEPT: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
     let tmp = std::env::temp_dir();
     if let Ok(mut swept) = SWEPT.lock() {
@@ -168,6 +191,9 @@ pub fn scratch_dir(prefix: &str, what: &str) -> PathBuf {
     }
     let d = tmp.join(format!("{prefix}{}-{what}", std::process::id()));
     std::fs::create_dir_all(&d).expect("scratch dir");
+    if let Ok(mut made) = MADE.lock() {
+        made.push(d.clone());
+    }
     d
 }
 
