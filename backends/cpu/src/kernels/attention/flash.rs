@@ -154,7 +154,8 @@ const WIDEN: usize = 8 * KEYS;
 /// 512-token call's time on one thread. Head by head, a task's block of keys or values is one
 /// run of 16 KiB the prefetchers follow; with the rows as the cache lays them out (every head's,
 /// 2 KiB apart in f32) the blocks' loads waited on memory for most of the scores' and weighted
-/// values' time (512 tokens over 4,096, one thread: 22–37 → 40–50 GFLOP/s).
+/// values' time (512 tokens over 4,096 on one thread, the two builds at once on the two
+/// cores, six runs: 35–39 → 45–52 GFLOP/s).
 struct Widened {
     /// Per KV head, `rows × head_dim` keys.
     k: Vec<Vec<f32>>,
@@ -278,8 +279,8 @@ fn run_rows(inp: &Inputs<'_>, src: Source<'_>, s: &mut Scratch, real: usize, h: 
                 let at = p0 - w.first * KEYS;
                 runs[0] = (0, n, w.k[h][at * hd..].as_ptr() as *const u8, w.v[h][at * vhd..].as_ptr() as *const u8);
                 // The next block's keys and values are asked for while this one is scored:
-                // 512 tokens over 4,096 on one thread, 8–12 % faster than the prefetchers
-                // alone in most alternating runs.
+                // 512 tokens over 4,096 on one thread, ~12 % faster than the prefetchers alone
+                // in three of four paired runs.
                 for (c, width) in [(&w.k[h], hd), (&w.v[h], vhd)] {
                     for line in c.get((at + KEYS) * width..(at + 2 * KEYS) * width).unwrap_or(&[]).chunks(16) {
                         // SAFETY: a prefetch of an address inside the copy; it reads nothing
