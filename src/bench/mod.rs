@@ -260,7 +260,7 @@ pub async fn run(engine: &EngineHandle, opts: &BenchOptions, progress: &mut (dyn
         // the last step of a fast model and leave nothing counted.
         engine.reset_stats().await?;
         let Run { after_s: decode_s, tokens: n, pool_cpu: cpu, at_first, products: timed, .. } = one_run(engine, prompt_for(2 + 2 * r as u32), opts.gen_tokens + 1).await?;
-        products = ProductTime { busy: products.busy + timed.busy, bytes: products.bytes + timed.bytes };
+        products = products.plus(&timed);
         products_wall += decode_s;
         match cpu {
             Some((secs, threads)) => {

@@ -20,6 +20,11 @@ pub struct ProductTime {
 }
 
 impl ProductTime {
+    /// Both together.
+    pub fn plus(&self, other: &ProductTime) -> ProductTime {
+        ProductTime { busy: self.busy + other.busy, bytes: self.bytes + other.bytes }
+    }
+
     /// What happened between `earlier` and `self`.
     pub fn since(&self, earlier: &ProductTime) -> ProductTime {
         ProductTime { busy: self.busy.saturating_sub(earlier.busy), bytes: self.bytes.saturating_sub(earlier.bytes) }
@@ -110,5 +115,6 @@ mod tests {
         let later = c.total(at(500));
         assert_eq!(later, ProductTime { busy: Duration::from_millis(90), bytes: 157 });
         assert_eq!(later.since(&ProductTime { busy: Duration::from_millis(60), bytes: 150 }), ProductTime { busy: Duration::from_millis(30), bytes: 7 });
+        assert_eq!(later.plus(&ProductTime { busy: Duration::from_millis(10), bytes: 3 }), ProductTime { busy: Duration::from_millis(100), bytes: 160 });
     }
 }

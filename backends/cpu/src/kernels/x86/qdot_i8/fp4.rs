@@ -72,12 +72,17 @@ unsafe fn halves_at(p: *const f32) -> __m256 {
     halves(_mm_castsi128_ps(_mm_loadl_epi64(p as *const __m128i)))
 }
 
+/// What a lane adds back for offset codes that met activations summing to `s`: `−OFFSET · s`,
+/// as the i32 bits the kernels add to their integer sums.
+fn taken_back(s: i32) -> f32 {
+    f32::from_bits((-OFFSET * s) as u32)
+}
+
 /// MXFP4's extras for one token's codes `q` (natural order, whole runs of eight blocks
 /// first): per block, `−OFFSET ·` the sum of its 32 codes, as i32 bits, for [`mxfp4_oct`].
 pub(crate) fn mxfp4_extras(q: &[i8], out: &mut [f32]) {
     for (o, block) in out.iter_mut().zip(q.chunks_exact(32)) {
-        let s: i32 = block.iter().map(|&v| v as i32).sum();
-        *o = f32::from_bits((-OFFSET * s) as u32);
+        *o = taken_back(block.iter().map(|&v| v as i32).sum());
     }
 }
 
@@ -174,8 +179,7 @@ pub(crate) fn nvfp4_order(q: &mut [i8]) {
 pub(crate) fn nvfp4_extras(q: &[i8], out: &mut [f32]) {
     for (o, run) in out.chunks_exact_mut(8).zip(q.chunks_exact(64)) {
         for (l, o) in o.iter_mut().enumerate() {
-            let s: i32 = run[4 * l..][..4].iter().chain(&run[32 + 4 * l..][..4]).map(|&v| v as i32).sum();
-            *o = f32::from_bits((-OFFSET * s) as u32);
+            *o = taken_back(run[4 * l..][..4].iter().chain(&run[32 + 4 * l..][..4]).map(|&v| v as i32).sum());
         }
     }
 }
