@@ -355,8 +355,8 @@ fn side_by_side(dtype: DType, threads: usize, bw: f64) {
 
 /// One thread, one cache-warm `k=2048 × 768` matrix, straight through
 /// `kernels::matmul` on a one-thread pool, in both [`QuantDot`] modes: the kernels' compute
-/// rate for 1, 2, 4, 5, 16, 32 and 64 tokens (decode sizes, and an expert's share of a
-/// prefill), free of pool and memory effects. In the int8 mode, from 16 tokens (32 for the types
+/// rate for 1, 2, 4, 5, 8, 12, 16, 32, 64, 128 and 512 tokens (decode sizes, an expert's share of a
+/// prefill, and a whole prompt chunk), free of pool and memory effects. In the int8 mode, from 16 tokens (32 for the types
 /// with int8 kernels of their own for many tokens) the bf16 path takes the AMX tiles where the
 /// CPU has them (`ft_backend_cpu::kernels::amx_tiles`, printed above the table).
 /// Part 3 of the module docs.
@@ -365,8 +365,8 @@ fn quant_kernel_rate_single_thread() {
     let (k, m) = (2048, 768);
     let mut rng = ft_backend::conformance::Rng::new(2);
     let vals = rng.vec(m * k, 1.0);
-    let x = rng.vec(64 * k, 1.0);
-    let mut out = vec![0f32; 64 * m];
+    let x = rng.vec(512 * k, 1.0);
+    let mut out = vec![0f32; 512 * m];
     let pool = rayon::ThreadPoolBuilder::new().num_threads(1).build().expect("pool");
     println!(
         "1 thread, k={k} × {m} rows, warm: GFLOP/s (GB/s of weights) per token count; AMX tiles: {}",
@@ -377,7 +377,7 @@ fn quant_kernel_rate_single_thread() {
         let mut line = format!("{:>6}:", dtype.name());
         for dot in [QuantDot::Exact, QuantDot::Int8] {
             line += &format!("  {dot}");
-            for n in [1, 2, 4, 5, 16, 32, 64] {
+            for n in [1, 2, 4, 5, 8, 12, 16, 32, 64, 128, 512] {
                 let per = time(5, 51, || {
                     kernels::matmul(Some(&pool), SimdLevel::Auto, dot, &x, n, k, &w, dtype, m, &mut out)
                         .expect("matmul");

@@ -152,13 +152,14 @@ unsafe fn tile_m(m: usize, x: *const f32, xs: usize, panel: *const f32, k: usize
 pub(crate) unsafe fn rows(x: *const f32, xs: usize, n: usize, k: usize, w: *const u8, d: u8, ws: usize, nrows: usize, out: *mut f32, os: usize) {
     thread_local! {
         // Reused: the exact path of the block types calls this once per 16 rows, where zeroing
-        // a fresh 128 KiB panel (~4 µs) is a sixth of a 32-token chunk's products (~25 µs).
+        // a fresh panel of the whole `k` (128 KiB, ~4 µs) was a sixth of a 32-token chunk's
+        // products (~25 µs).
         static STORE: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
     }
     STORE.with(|store| {
         let mut store = store.borrow_mut();
-        if store.len() < NR * k + 8 {
-            store.resize(NR * k + 8, 0.0);
+        if store.len() < NR * KB + 8 {
+            store.resize(NR * KB + 8, 0.0);
         }
         // 32-byte aligned, so no weight load splits a cache line; `pack` writes all of it.
         let panel = store.as_mut_ptr().add(store.as_ptr().align_offset(32).min(8));
@@ -166,32 +167,61 @@ pub(crate) unsafe fn rows(x: *const f32, xs: usize, n: usize, k: usize, w: *cons
     })
 }
 
-/// [`rows`] with `panel` (`NR · k` values, 32-byte aligned) to pack into.
+/// [`rows`] with `panel` (`NR · KB` values, 32-byte aligned) to pack into.
+///
+/// Each [`KB`] block of a panel is packed just before the tiles read it, so they find it in
+/// L1 rather than L2, and the tokens go in tiles of as even a size as [`MR`] allows
+/// ([`tile_sizes`]).
 #[allow(clippy::too_many_arguments)]
 unsafe fn rows_in(x: *const f32, xs: usize, n: usize, k: usize, w: *const u8, d: u8, ws: usize, nrows: usize, out: *mut f32, os: usize, panel: *mut f32) {
     let es = esize(d);
     for c0 in (0..nrows).step_by(NR) {
         let cr = NR.min(nrows - c0);
-        let (first, sb) = (w.add(c0 * ws * es), ws * es);
-        match d {
-            F32 => pack::<F32>(first, sb, cr, k, panel),
-            F16 => pack::<F16>(first, sb, cr, k, panel),
-            _ => pack::<BF16>(first, sb, cr, k, panel),
-        }
+        let sb = ws * es;
         for kb in (0..k).step_by(KB) {
             let kl = KB.min(k - kb);
-            for t0 in (0..n).step_by(MR) {
-                let m = MR.min(n - t0);
-                tile_m(m, x.add(t0 * xs + kb), xs, panel.add(kb * NR), kl, out.add(t0 * os + c0), os, cr, kb > 0);
+            let first = w.add(c0 * sb + kb * es);
+            match d {
+                F32 => pack::<F32>(first, sb, cr, kl, panel),
+                F16 => pack::<F16>(first, sb, cr, kl, panel),
+                _ => pack::<BF16>(first, sb, cr, kl, panel),
+            }
+            let mut t0 = 0;
+            for m in tile_sizes(n) {
+                tile_m(m, x.add(t0 * xs + kb), xs, panel, kl, out.add(t0 * os + c0), os, cr, kb > 0);
+                t0 += m;
             }
         }
     }
+}
+
+/// `n` tokens split into the fewest tiles of at most [`MR`], their sizes differing by at most
+/// one: a tile of one to three tokens holds two to six FMA chains, fewer than the eight that
+/// keep both FMA units busy through their 4-cycle latency, so 32 tokens as 6+6+5+5+5+5 ran
+/// faster than as 6+6+6+6+6+2.
+fn tile_sizes(n: usize) -> impl Iterator<Item = usize> {
+    let tiles = n.div_ceil(MR);
+    let (base, extra) = if tiles == 0 { (0, 0) } else { (n / tiles, n % tiles) };
+    (0..tiles).map(move |i| base + usize::from(i < extra))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use ft_backend::conformance::Rng;
+
+    /// The fewest tiles, none over `MR`, sizes within one of each other, all tokens once.
+    #[test]
+    fn tiles_split_tokens_evenly() {
+        for n in 0..200 {
+            let sizes: Vec<usize> = tile_sizes(n).collect();
+            assert_eq!(sizes.iter().sum::<usize>(), n, "n={n}");
+            assert_eq!(sizes.len(), n.div_ceil(MR), "n={n}");
+            let (lo, hi) = (sizes.iter().min().copied().unwrap_or(0), sizes.iter().max().copied().unwrap_or(0));
+            assert!(hi <= MR && hi - lo <= 1, "n={n}: {sizes:?}");
+        }
+        assert_eq!(tile_sizes(32).collect::<Vec<_>>(), [6, 6, 5, 5, 5, 5]);
+    }
 
     /// Every shape edge (ragged panels, 1..=MR+1 tokens, k across and off block and vector
     /// bounds, strided rows and outputs, f32/f16/bf16 rows): each output equals one FMA chain
