@@ -187,11 +187,21 @@ unsafe fn key_scores_d<const D: u8>(q: *const f32, rows: usize, hd: usize, k: *c
     }
 }
 
-/// [`key_scores`] of `R` rows, two keys a pass (`R` by 2 chains), an odd last key alone.
+/// [`key_scores`] of `R` rows, two keys a pass (`R` by 2 chains), an odd last key alone; four
+/// rows (a decode step's group of eight query heads, in two passes) take three keys a pass:
+/// twelve chains rather than the eight that only just cover two FMA units' latency. Decode
+/// attention over 4,096 cached tokens, one thread, two builds at once on the two cores, six
+/// rounds: 1.60–1.78 → 1.60–1.75 ms a call, median 1.74 → 1.66. Each score keeps its tree.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn key_scores_rows<const D: u8, const R: usize>(q: *const f32, hd: usize, k: *const u8, ksb: usize, n: usize, s: *mut f32, ls: usize) {
     let mut j = 0;
+    if R == 4 {
+        while j + 3 <= n {
+            key_scores_r::<D, R, 3>(q, hd, k, ksb, j, s, ls);
+            j += 3;
+        }
+    }
     while j + 2 <= n {
         key_scores_r::<D, R, 2>(q, hd, k, ksb, j, s, ls);
         j += 2;
@@ -232,6 +242,24 @@ unsafe fn key_scores_r<const D: u8, const R: usize, const J: usize>(q: *const f3
                 _mm_storeh_pd(s.add((i + 1) * ls + j0) as *mut f64, _mm_castps_pd(v));
             }
             i += 2;
+        }
+        return;
+    }
+    if J > 2 {
+        // Every (row, key) chain in fours, each score the same tree.
+        let mut at = 0;
+        while at < R * J {
+            let v = |x: usize| {
+                let c = (at + x).min(R * J - 1);
+                a[c / J][c % J]
+            };
+            let mut out = [0f32; 4];
+            _mm_storeu_ps(out.as_mut_ptr(), sums4(v(0), v(1), v(2), v(3)));
+            for (x, o) in out.iter().enumerate().take(R * J - at) {
+                let c = at + x;
+                *s.add((c / J) * ls + j0 + c % J) = *o;
+            }
+            at += 4;
         }
         return;
     }
