@@ -358,7 +358,8 @@ fn side_by_side(dtype: DType, threads: usize, bw: f64) {
 /// rate for 1, 2, 4, 5, 8, 12, 16, 32, 64, 128 and 512 tokens (decode sizes, an expert's
 /// share of a prefill, and a whole prompt chunk), free of pool and memory effects. In the int8
 /// mode, from 16 tokens (32 for the types with int8 kernels of their own for many tokens) the
-/// bf16 path takes the AMX tiles where the CPU has them (`ft_backend_cpu::kernels::amx_tiles`, printed above the table).
+/// bf16 path takes the AMX tiles where the CPU has them (`ft_backend_cpu::kernels::amx_tiles`,
+/// printed above the table).
 /// Part 3 of the module docs.
 fn quant_kernel_rate_single_thread() {
     use ft_backend_cpu::{kernels, SimdLevel};

@@ -146,8 +146,8 @@ unsafe fn tile_m(m: usize, x: *const f32, xs: usize, panel: *const f32, k: usize
 }
 
 /// `out[t·os + r] = x[t·xs..][..k] · w_row(r)` for `t < n`, `r < nrows`, weight row `r` of code
-/// `d` starting at element `r·ws` of `w`: each [`NR`] rows widened and packed once, then every
-/// token swept over them in tiles of [`MR`], `k` in blocks of [`KB`].
+/// `d` starting at element `r·ws` of `w`: each [`NR`] rows widened and packed a [`KB`] block
+/// of `k` at a time, every token swept over the block in tiles of at most [`MR`].
 #[allow(clippy::too_many_arguments)]
 pub(crate) unsafe fn rows(x: *const f32, xs: usize, n: usize, k: usize, w: *const u8, d: u8, ws: usize, nrows: usize, out: *mut f32, os: usize) {
     thread_local! {
