@@ -3,6 +3,8 @@
 use super::elementwise::{axpy_row, exp_sub_sum, max};
 use super::quant::decode_row;
 use super::{gemv::block, need, shape_err, SimdLevel};
+#[cfg(target_arch = "x86_64")]
+use super::Out;
 use ft_backend::{AttentionDesc, DType, KvPages, Result};
 use rayon::prelude::*;
 use rayon::ThreadPool;
@@ -147,16 +149,6 @@ pub fn path(level: SimdLevel, k: DType, v: DType, d: &AttentionDesc) -> &'static
     let _ = level;
     "pair split"
 }
-
-/// The output of a call whose tasks write disjoint (token, query head) rows.
-#[cfg(target_arch = "x86_64")]
-#[derive(Clone, Copy)]
-struct Out(*mut f32);
-// SAFETY: each task writes only the rows of its own tokens and query heads.
-#[cfg(target_arch = "x86_64")]
-unsafe impl Send for Out {}
-#[cfg(target_arch = "x86_64")]
-unsafe impl Sync for Out {}
 
 /// What one checked attention call reads.
 #[derive(Clone, Copy)]

@@ -146,7 +146,7 @@ fn prefill_rows(
         return Err(shape_err(format!("matmul output holds {}, need {n}×{m}", out.len())));
     }
     let per_task = task_rows(pool.current_num_threads(), n, m, row_bytes);
-    let dst = Columns(out.as_mut_ptr());
+    let dst = super::Out(out.as_mut_ptr());
     pool.install(|| {
         (0..m.div_ceil(per_task)).into_par_iter().with_max_len(1).try_for_each(|i| {
             let r = i * per_task..((i + 1) * per_task).min(m);
@@ -161,19 +161,6 @@ fn prefill_rows(
             Ok(())
         })
     })
-}
-
-/// The output of [`prefill_rows`], written by its tasks at disjoint columns.
-struct Columns(*mut f32);
-// SAFETY: the tasks write disjoint elements and read none; the owner waits for them all.
-unsafe impl Send for Columns {}
-unsafe impl Sync for Columns {}
-
-impl Columns {
-    /// Element `i`'s address (a method, so closures capture the whole wrapper).
-    fn at(&self, i: usize) -> *mut f32 {
-        self.0.wrapping_add(i)
-    }
 }
 
 /// A task's `[n, len]` buffer of output rows `r0..r0 + len` into the `[n, m]` output.

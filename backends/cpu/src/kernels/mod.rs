@@ -45,6 +45,21 @@ pub fn amx_tiles() -> bool {
     gemv::amx_tiles(SimdLevel::Auto, QuantDot::Int8, 16, 32)
 }
 
+/// An output the tasks of one call write at disjoint elements, none reading another's:
+/// attention's (token, query head) rows, a prefill product's row tasks' columns.
+#[derive(Clone, Copy)]
+pub(crate) struct Out(pub(crate) *mut f32);
+// SAFETY: the callers give each task elements of its own and wait for all of them.
+unsafe impl Send for Out {}
+unsafe impl Sync for Out {}
+
+impl Out {
+    /// Element `i`'s address (a method, so closures capture the whole wrapper).
+    pub(crate) fn at(self, i: usize) -> *mut f32 {
+        self.0.wrapping_add(i)
+    }
+}
+
 /// A shape error with `msg`.
 pub(crate) fn shape_err(msg: impl Into<String>) -> BackendError {
     BackendError::Shape(msg.into())
