@@ -144,6 +144,9 @@ fn widen(c: &super::KvCache<'_>, at: usize, out: &mut [f32]) -> Result<()> {
     Ok(())
 }
 
+/// One [`Widened::new`] task's share: every KV head's keys, then every head's values.
+type HeadParts<'a> = (Vec<&'a mut [f32]>, Vec<&'a mut [f32]>);
+
 /// Positions per task of [`Widened::new`].
 const WIDEN: usize = 8 * KEYS;
 
@@ -179,14 +182,14 @@ impl Widened {
         let (mut k, mut v) = (vec![vec![0f32; n * hd]; nkv], vec![vec![0f32; n * vhd]; nkv]);
         let p0 = blocks.start * KEYS;
         // Per task of WIDEN positions, every head's part of them.
-        let mut parts: Vec<(Vec<&mut [f32]>, Vec<&mut [f32]>)> = (0..n.div_ceil(WIDEN)).map(|_| (Vec::with_capacity(nkv), Vec::with_capacity(nkv))).collect();
+        let mut parts: Vec<HeadParts<'_>> = (0..n.div_ceil(WIDEN)).map(|_| (Vec::with_capacity(nkv), Vec::with_capacity(nkv))).collect();
         for (kh, vh) in k.iter_mut().zip(v.iter_mut()) {
             for (part, (kc, vc)) in parts.iter_mut().zip(kh.chunks_mut(WIDEN * hd).zip(vh.chunks_mut(WIDEN * vhd))) {
                 part.0.push(kc);
                 part.1.push(vc);
             }
         }
-        let part = |i: usize, (kc, vc): &mut (Vec<&mut [f32]>, Vec<&mut [f32]>)| -> Result<()> {
+        let part = |i: usize, (kc, vc): &mut HeadParts<'_>| -> Result<()> {
             let here = rows.get(p0 + i * WIDEN..).unwrap_or(&[]);
             for (p, &r) in here.iter().take(WIDEN).enumerate() {
                 for (h, (kh, vh)) in kc.iter_mut().zip(vc.iter_mut()).enumerate() {

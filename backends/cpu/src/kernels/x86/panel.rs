@@ -201,7 +201,7 @@ unsafe fn rows_in(x: *const f32, xs: usize, n: usize, k: usize, w: *const u8, d:
 /// faster than as 6+6+6+6+6+2.
 fn tile_sizes(n: usize) -> impl Iterator<Item = usize> {
     let tiles = n.div_ceil(MR);
-    let (base, extra) = if tiles == 0 { (0, 0) } else { (n / tiles, n % tiles) };
+    let (base, extra) = (n.checked_div(tiles).unwrap_or(0), n.checked_rem(tiles).unwrap_or(0));
     (0..tiles).map(move |i| base + usize::from(i < extra))
 }
 
