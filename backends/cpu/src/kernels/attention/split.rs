@@ -6,8 +6,9 @@
 //! memory parallelism of one core on a strided walk. At 3,072 cached tokens the weighted sum of
 //! values alone, waiting on those loads, was an eighth of a decode step (12-layer Q4_K_M, 2
 //! threads). Here a task takes a fixed segment of [`SEGMENT`] positions and all heads,
-//! reading each block of rows whole, front to back; each segment keeps its own running
-//! maximum and sum, and the segments are merged in position order. The segments are fixed by
+//! reading each block of rows whole, front to back (the kernels ask for the next block's rows
+//! of their head as they read this block's); each segment keeps its own running maximum and
+//! sum, and the segments are merged in position order. The segments are fixed by
 //! position, so the result depends on neither the thread count nor where the pages lie.
 
 use super::{exp_sub_sum, max, weighted_values, Inputs, PvRows};
@@ -66,21 +67,6 @@ pub(super) fn attention(pool: &ThreadPool, inp: &Inputs<'_>, out: &mut [f32]) ->
     Ok(())
 }
 
-/// Asks for every line of block `i + 1`'s rows (all heads) in a cache of `row`-byte rows,
-/// front to back: read in order they come at the stream rate, where each head's pass alone
-/// would meet them as strided misses.
-fn fetch_next(blocks: &[(usize, usize, usize)], i: usize, cache: &[u8], row: usize) {
-    let Some(&(_, r, n)) = blocks.get(i + 1) else { return };
-    let bytes = &cache[r * row..][..n * row];
-    #[cfg(target_arch = "x86_64")]
-    for line in bytes.chunks(64) {
-        // SAFETY: a prefetch of an address inside `bytes`; it reads nothing architecturally.
-        unsafe { crate::kernels::x86::prefetch(line.as_ptr()) };
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = bytes;
-}
-
 /// Positions `a..b` of token `t`, all heads.
 fn segment(inp: &Inputs<'_>, t: usize, a: usize, b: usize) -> Result<Partial> {
     let Inputs { level, q, k, v, d, .. } = *inp;
@@ -96,8 +82,7 @@ fn segment(inp: &Inputs<'_>, t: usize, a: usize, b: usize) -> Result<Partial> {
     let k_row = k.dtype.row_bytes(k_stride);
     #[cfg(target_arch = "x86_64")]
     let direct = super::flash::eligible(level, k.dtype, v.dtype, d);
-    for (i, &(j, r, n)) in blocks.iter().enumerate() {
-        fetch_next(&blocks, i, k.bytes, k_row);
+    for &(j, r, n) in &blocks {
         for kvh in 0..kvh_n {
             let k_rows = &k.bytes[k.dtype.row_bytes(r * k_stride + kvh * hd)..];
             let s = &mut scores[kvh * group * rows + (j - a)..];
@@ -120,9 +105,7 @@ fn segment(inp: &Inputs<'_>, t: usize, a: usize, b: usize) -> Result<Partial> {
     }
     let v_stride = kvh_n * vhd;
     let mut o = vec![0f32; heads * vhd];
-    let v_row = v.dtype.row_bytes(v_stride);
-    for (i, &(j, r, n)) in blocks.iter().enumerate() {
-        fetch_next(&blocks, i, v.bytes, v_row);
+    for &(j, r, n) in &blocks {
         for kvh in 0..kvh_n {
             let pv = PvRows {
                 p: &scores[kvh * group * rows + (j - a)..],

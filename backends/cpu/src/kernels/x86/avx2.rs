@@ -185,7 +185,11 @@ unsafe fn pv_g<const G: usize, const D: u8>(a: Pv) {
         for j in 0..a.len {
             let vp = a.v.add(j * a.vsb + c * es);
             if c == 0 {
-                super::pv_prefetch(&a, j, slice);
+                super::prefetch_row_ahead(a.v, a.vsb, j, slice);
+            }
+            // The row's next line, read two passes on, into L1 (see `flash::pv`).
+            if (c * es).is_multiple_of(64) && c * es + 64 < slice {
+                super::prefetch_l1(vp.wrapping_add(64));
             }
             let (v0, v1) = (load::<D>(vp), load::<D>(vp.add(8 * es)));
             for g in 0..G {

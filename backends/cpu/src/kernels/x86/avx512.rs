@@ -223,7 +223,7 @@ pub(crate) const PV_HEADS: usize = 8;
 /// `out[g, c] = Σ_j p[g, j] · v[j, c]` for `g < G`, `c < vhd`, `j < len`: attention's
 /// weighted sum of values, 32 value columns at a time so each V row slice is loaded and
 /// widened once for all heads of the group. The first pass prefetches whole row slices
-/// ([`super::pv_prefetch`]), which the later passes then find in L2.
+/// ([`super::prefetch_row_ahead`]), which the later passes then find in L2.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
 unsafe fn pv_g<const G: usize, const D: u8>(a: Pv) {
     let es = esize(D);
@@ -249,7 +249,7 @@ unsafe fn pv_g<const G: usize, const D: u8>(a: Pv) {
         for j in 0..a.len {
             let vp = a.v.add(j * a.vsb + c * es);
             if c == 0 {
-                super::pv_prefetch(&a, j, slice);
+                super::prefetch_row_ahead(a.v, a.vsb, j, slice);
             }
             let v0 = load_masked::<D>(m0, vp);
             let v1 = load_masked::<D>(m1, vp.wrapping_add(16 * es));

@@ -110,6 +110,14 @@ unsafe fn pv_r<const D: u8, const R: usize>(p: *const f32, r: usize, (v, vsb, n)
         }
         for j in 0..n {
             let vp = v.add(j * vsb + c * es);
+            if c == 0 {
+                super::prefetch_row_ahead(v, vsb, j, vhd * es);
+            }
+            // A pass reads half of each row's line of f16 values; the line the pass after
+            // next reads goes to L1 now (see `prefetch_row_ahead` for the gain).
+            if (c * es).is_multiple_of(64) && c * es + 64 < vhd * es {
+                super::prefetch_l1(vp.wrapping_add(64));
+            }
             let (v0, v1) = (load::<D>(vp), load::<D>(vp.add(8 * es)));
             for (i, a) in a.iter_mut().enumerate() {
                 let pb = pr(i, j);
@@ -197,7 +205,18 @@ unsafe fn key_scores_d<const D: u8>(q: *const f32, rows: usize, hd: usize, k: *c
 unsafe fn key_scores_rows<const D: u8, const R: usize>(q: *const f32, hd: usize, k: *const u8, ksb: usize, n: usize, s: *mut f32, ls: usize) {
     let mut j = 0;
     if R == 4 {
+        let kb = hd * esize(D);
         while j + 3 <= n {
+            // The next three keys into L1 and the keys a block on into L2 (the first pass of
+            // a group meets each key first; see `prefetch_row_ahead` for the gain).
+            for jj in j..j + 3 {
+                super::prefetch_row_ahead(k, ksb, jj, kb);
+                if jj + 3 < n {
+                    for line in (0..kb).step_by(64) {
+                        super::prefetch_l1(k.wrapping_add((jj + 3) * ksb + line));
+                    }
+                }
+            }
             key_scores_r::<D, R, 3>(q, hd, k, ksb, j, s, ls);
             j += 3;
         }

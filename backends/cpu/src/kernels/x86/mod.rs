@@ -45,24 +45,35 @@ pub(crate) unsafe fn prefetch(p: *const u8) {
     std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T1 }>(p as *const i8);
 }
 
-/// Value rows ahead of the one being summed that attention's weighted sum of values (`pv`)
-/// asks for in its first pass over a head's columns. The rows lie a whole cache row apart
-/// (all KV heads' values, 1 KiB for 4 heads of 128 f16), so the hardware prefetchers left
-/// every row a miss: 77 % of the AVX-512 kernel's samples waited on that load, and at 2,048
-/// cached tokens it took a fifth of a decode step (12-layer Q4_K_M, 2 threads).
-const PV_AHEAD: usize = 24;
-
-/// Prefetches the `slice` bytes of value row `j + PV_AHEAD` of `a`, if the pass has it.
-///
-/// # Safety
-/// `a.v` covers `a.len` rows of `a.vsb` bytes, each holding at least `slice` bytes.
+/// Software prefetch of a line that the next few steps of a kernel read, into L1
+/// (`prefetcht0`), where [`prefetch`] already brought it to L2: attention's loads of cached
+/// keys and values (rows a whole cache row apart) otherwise met every line as an L1 miss.
 #[inline(always)]
-unsafe fn pv_prefetch(a: &Pv, j: usize, slice: usize) {
-    if j + PV_AHEAD < a.len {
-        let row = a.v.add((j + PV_AHEAD) * a.vsb);
-        for line in (0..slice).step_by(64) {
-            prefetch(row.add(line));
-        }
+pub(crate) unsafe fn prefetch_l1(p: *const u8) {
+    std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(p as *const i8);
+}
+
+/// Cache rows ahead of the one being read that attention's kernels ask for into L2, as they
+/// read each row: one block of keys ([`flash::KEYS`]), so the next block's rows of the head
+/// arrive while this one is summed. The rows lie a whole cache row apart (all KV heads', 1
+/// KiB for 4 heads of 128 f16), and the hardware prefetchers left every row a miss: 77 % of
+/// the AVX-512 value kernel's samples waited on that load. Asked for a few lines a row, not
+/// the whole next block at its start: that burst of 512 prefetches stalled the loads behind
+/// it, a tenth of the position split's time. With the kernels' L1 prefetches ([`prefetch_l1`]),
+/// decode attention on one thread (kernel bench part 5, both builds at once on the two
+/// cores, 10 rounds): over 4,096 cached f16 tokens 1.84 → 1.62 ms a call at the median (8
+/// rounds faster), over 512 0.237 → 0.210 (7 rounds faster).
+const ROWS_AHEAD: usize = flash::KEYS;
+
+/// Prefetches the `slice` bytes of row `j + ROWS_AHEAD` of rows `stride` bytes apart from
+/// `base`, into L2. The row may lie past what the caller reads (the next block's rows of a
+/// contiguous cache; elsewhere the hint costs a wasted line): a prefetch never faults, and
+/// the address is only formed, never dereferenced.
+#[inline(always)]
+pub(crate) unsafe fn prefetch_row_ahead(base: *const u8, stride: usize, j: usize, slice: usize) {
+    let row = base.wrapping_add((j + ROWS_AHEAD) * stride);
+    for line in (0..slice).step_by(64) {
+        prefetch(row.wrapping_add(line));
     }
 }
 
