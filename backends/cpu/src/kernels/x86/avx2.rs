@@ -187,7 +187,8 @@ unsafe fn pv_g<const G: usize, const D: u8>(a: Pv) {
             if c == 0 {
                 super::prefetch_row_ahead(a.v, a.vsb, j, slice);
             }
-            // The row's next line, read two passes on, into L1 (see `flash::pv`).
+            // A pass reads half of each row's line of f16 values; the line the pass after next
+            // reads goes to L1 now.
             if (c * es).is_multiple_of(64) && c * es + 64 < slice {
                 super::prefetch_l1(vp.wrapping_add(64));
             }

@@ -100,11 +100,6 @@ unsafe fn pv_r<const D: u8, const R: usize>(p: *const f32, r: usize, (v, vsb, n)
         return;
     }
     let es = esize(D);
-    // Rows read where the cache holds them, a whole cache row apart, ask for their lines
-    // ahead; the call's f32 copy (one run per head, whose next block the caller asks for)
-    // does not: with them there, a Q4_K_M 512-token prefill ran 110–118 tokens/s against
-    // 118–129 (alternating runs on a noisy host).
-    let strided = vsb > vhd * es;
     let pr = |i: usize, j: usize| _mm256_broadcast_ss(&*p.add((r + i) * KEYS + j));
     let mut c = 0;
     while c + 16 <= vhd {
@@ -115,14 +110,6 @@ unsafe fn pv_r<const D: u8, const R: usize>(p: *const f32, r: usize, (v, vsb, n)
         }
         for j in 0..n {
             let vp = v.add(j * vsb + c * es);
-            if strided && c == 0 {
-                super::prefetch_row_ahead(v, vsb, j, vhd * es);
-            }
-            // A pass reads half of each row's line of f16 values; the line the pass after
-            // next reads goes to L1 now (see `prefetch_row_ahead` for the gain).
-            if strided && (c * es).is_multiple_of(64) && c * es + 64 < vhd * es {
-                super::prefetch_l1(vp.wrapping_add(64));
-            }
             let (v0, v1) = (load::<D>(vp), load::<D>(vp.add(8 * es)));
             for (i, a) in a.iter_mut().enumerate() {
                 let pb = pr(i, j);

@@ -62,7 +62,9 @@ pub(crate) unsafe fn prefetch_l1(p: *const u8) {
 /// it, a tenth of the position split's time. With the kernels' L1 prefetches ([`prefetch_l1`]),
 /// decode attention on one thread (kernel bench part 5, both builds at once on the two
 /// cores, 10 rounds): over 4,096 cached f16 tokens 1.84 → 1.62 ms a call at the median (8
-/// rounds faster), over 512 0.237 → 0.210 (7 rounds faster).
+/// rounds faster). The flash blocks' value kernel (`flash::pv`) does not take them: over 512
+/// cached tokens it gained 0.237 → 0.210, but the engine's Q4_K_M 512-token prefill, which
+/// runs the same kernel over its f32 copy, ran lower in every alternating set while it did.
 const ROWS_AHEAD: usize = flash::KEYS;
 
 /// Prefetches the `slice` bytes of row `j + ROWS_AHEAD` of rows `stride` bytes apart from
