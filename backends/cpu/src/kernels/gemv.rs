@@ -130,9 +130,9 @@ pub fn matmul(
 /// columns are strided in `out`) that the task then copies into `out` itself, while the
 /// buffer is in its cache. Copied afterwards on the calling thread, the buffers (~900 MB by
 /// the products' shapes in a 512-token prefill of the 12-layer Qwen3-30B-A3B shape) kept the
-/// other worker waiting: the bf16 prefill ran ~1.5 % faster without that (6 alternating pairs). Compute-bound, these gained nothing from the contiguous runs of
-/// one-token products ([`super::ranges`]): in them MXFP4 and Q8_0 512-token prefills ran
-/// 3–5 % slower.
+/// other worker waiting: the bf16 prefill ran ~1.5 % faster without that (6 alternating
+/// pairs). Compute-bound, these gained nothing from the contiguous runs of one-token
+/// products ([`super::ranges`]): in them MXFP4 and Q8_0 512-token prefills ran 3–5 % slower.
 fn prefill_rows(
     pool: &ThreadPool,
     n: usize,

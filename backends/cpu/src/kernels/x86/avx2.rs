@@ -182,14 +182,15 @@ unsafe fn pv_g<const G: usize, const D: u8>(a: Pv) {
                 acc1[g] = _mm256_loadu_ps(o.add(8));
             }
         }
+        // A pass reads half of each row's line of f16 values; where it starts a line, the
+        // line the pass after next reads goes to L1 now.
+        let next_line = (c * es).is_multiple_of(64) && c * es + 64 < slice;
         for j in 0..a.len {
             let vp = a.v.add(j * a.vsb + c * es);
             if c == 0 {
                 super::prefetch_row_ahead(a.v, a.vsb, j, slice);
             }
-            // A pass reads half of each row's line of f16 values; the line the pass after next
-            // reads goes to L1 now.
-            if (c * es).is_multiple_of(64) && c * es + 64 < slice {
+            if next_line {
                 super::prefetch_l1(vp.wrapping_add(64));
             }
             let (v0, v1) = (load::<D>(vp), load::<D>(vp.add(8 * es)));

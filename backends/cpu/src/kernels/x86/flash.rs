@@ -198,16 +198,18 @@ unsafe fn key_scores_rows<const D: u8, const R: usize>(q: *const f32, hd: usize,
     let mut j = 0;
     if R == 4 {
         let kb = hd * esize(D);
-        // As in `pv`: only rows a whole cache row apart.
+        // Keys read where the cache holds them, a whole cache row apart, ask for the next
+        // three keys into L1 and for the keys a block on into L2 (see `prefetch_row_ahead`);
+        // a contiguous f32 copy's caller asks for its next block itself.
         let strided = ksb > kb;
         while j + 3 <= n {
-            // The next three keys into L1 and the keys a block on into L2 (the first pass of
-            // a group meets each key first; see `prefetch_row_ahead` for the gain).
-            for jj in (j..j + 3).filter(|_| strided) {
-                super::prefetch_row_ahead(k, ksb, jj, kb);
-                if jj + 3 < n {
-                    for line in (0..kb).step_by(64) {
-                        super::prefetch_l1(k.wrapping_add((jj + 3) * ksb + line));
+            if strided {
+                for jj in j..j + 3 {
+                    super::prefetch_row_ahead(k, ksb, jj, kb);
+                    if jj + 3 < n {
+                        for line in (0..kb).step_by(64) {
+                            super::prefetch_l1(k.wrapping_add((jj + 3) * ksb + line));
+                        }
                     }
                 }
             }
