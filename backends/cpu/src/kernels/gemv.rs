@@ -119,7 +119,12 @@ pub fn matmul(
         Some(pool) if n > DECODE_TOKENS => {
             let w = whole_rows(w, out.len(), n, m, k, dtype)?;
             let p = Product::new(level, dot, x, n, k, dtype)?;
-            prefill_rows(pool, n, m, dtype.row_bytes(k), out, |r, o| p.rows(w, r, o))
+            if p.in_place() {
+                // SAFETY: each task writes only its own columns `r` of the `[n, m]` output.
+                prefill_tasks(pool, n, m, dtype.row_bytes(k), out, |r, dst| unsafe { p.rows_in_place(w, r, dst, m) })
+            } else {
+                prefill_rows(pool, n, m, dtype.row_bytes(k), out, |r, o| p.rows(w, r, o))
+            }
         }
         Some(pool) => super::many::matmul_many(pool, level, dot, &mut [ManyItem { x, n, k, w, dtype, m, out }]),
     }
@@ -141,6 +146,29 @@ fn prefill_rows(
     out: &mut [f32],
     f: impl Fn(Range<usize>, &mut [f32]) -> Result<()> + Sync,
 ) -> Result<()> {
+    prefill_tasks(pool, n, m, row_bytes, out, |r, dst| {
+        let mut buf = vec![0f32; n * r.len()];
+        f(r.clone(), &mut buf)?;
+        for (t, src) in buf.chunks_exact(r.len()).enumerate() {
+            // SAFETY: `prefill_tasks` checked that `out` holds `n·m` values, and row `t`'s
+            // columns `r` belong to this task alone.
+            unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst.at(t * m + r.start), r.len()) };
+        }
+        Ok(())
+    })
+}
+
+/// Runs `f(rows, dst)` over the row tasks of a prefill-sized `[n, m]` product on `pool`, with
+/// `dst` the start of `out`; `f` must write only columns `rows` of its `n` rows. Nothing else
+/// reads or writes `out` until every task is done.
+fn prefill_tasks(
+    pool: &ThreadPool,
+    n: usize,
+    m: usize,
+    row_bytes: usize,
+    out: &mut [f32],
+    f: impl Fn(Range<usize>, super::Out) -> Result<()> + Sync,
+) -> Result<()> {
     use rayon::prelude::*;
     if out.len() < need(n, m, "n·m")? {
         return Err(shape_err(format!("matmul output holds {}, need {n}×{m}", out.len())));
@@ -148,18 +176,7 @@ fn prefill_rows(
     let per_task = task_rows(pool.current_num_threads(), n, m, row_bytes);
     let dst = super::Out(out.as_mut_ptr());
     pool.install(|| {
-        (0..m.div_ceil(per_task)).into_par_iter().with_max_len(1).try_for_each(|i| {
-            let r = i * per_task..((i + 1) * per_task).min(m);
-            let mut buf = vec![0f32; n * r.len()];
-            f(r.clone(), &mut buf)?;
-            for (t, src) in buf.chunks_exact(r.len()).enumerate() {
-                // SAFETY: `out` holds `n·m` values (checked above) and outlives the tasks;
-                // row `t`'s columns `r` belong to this task alone, and nothing else reads or
-                // writes `out` until they are all done.
-                unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst.at(t * m + r.start), r.len()) };
-            }
-            Ok(())
-        })
+        (0..m.div_ceil(per_task)).into_par_iter().with_max_len(1).try_for_each(|i| f(i * per_task..((i + 1) * per_task).min(m), dst))
     })
 }
 
@@ -207,6 +224,25 @@ impl<'a> Product<'a> {
             Kind::Rows
         };
         Ok(Self { kind, level, x, n, k, dtype })
+    }
+
+    /// Whether [`Product::rows_in_place`] serves this product: plain dtypes on the x86 tiles,
+    /// which take an output row stride. A 512-token bf16 prefill otherwise zeroes and copies
+    /// ~900 MB of task buffers (3 % of its samples on memset and memmove).
+    pub(super) fn in_place(&self) -> bool {
+        matches!(self.kind, Kind::Rows) && !self.dtype.is_quantized() && in_place_level(self.level)
+    }
+
+    /// Rows `r` of weights `w` (checked by [`whole_rows`]) straight into columns `r` of the
+    /// `[n, os]` output at `dst`, where [`Product::in_place`] says so.
+    ///
+    /// # Safety
+    /// `dst` holds `n·os` values, `r.end ≤ os`, and nothing else reads or writes columns `r`
+    /// of them while this runs.
+    pub(super) unsafe fn rows_in_place(&self, w: &[u8], r: Range<usize>, dst: super::Out, os: usize) -> Result<()> {
+        let (n, k) = (self.n, self.k);
+        let w = &w[r.start * self.dtype.row_bytes(k)..];
+        block_in_place(self.level, self.x, k, n, k, w, self.dtype, k, r.len(), dst.at(r.start), os)
     }
 
     /// Rows `r` of weights `w` (checked by [`whole_rows`]) into `o` (`[n, r.len()]`).
@@ -433,22 +469,7 @@ pub(crate) fn block(
             "strided {dtype} rows are not supported (matmul reads them whole)"
         )));
     }
-    // Extents of the strided views, in checked arithmetic so absurd strides fail cleanly.
-    let x_need = (n - 1).checked_mul(xs).and_then(|v| v.checked_add(k));
-    let w_need = (nrows - 1)
-        .checked_mul(ws)
-        .and_then(|v| v.checked_add(k))
-        .and_then(|v| v.checked_mul(dtype.size()));
-    let out_need = (n - 1).checked_mul(os).and_then(|v| v.checked_add(nrows));
-    let fits = |need: Option<usize>, have: usize| need.is_some_and(|v| v <= have);
-    if !fits(x_need, x.len()) || !fits(w_need, w.len()) || !fits(out_need, out.len()) {
-        return Err(shape_err(format!(
-            "matmul block of {n} tokens × {nrows} rows × k={k}: x has {} values, w {} bytes, out {} values",
-            x.len(),
-            w.len(),
-            out.len()
-        )));
-    }
+    check_block(x, xs, n, k, w, dtype, ws, nrows, out.len(), os)?;
     if k == 0 {
         for t in 0..n {
             out[t * os..][..nrows].fill(0.0);
@@ -463,8 +484,8 @@ pub(crate) fn block(
         // every row, token and output the driver touches.
         unsafe {
             match level {
-                SimdLevel::Avx512 => return drive::<Avx512>(x, xs, n, k, w, d, ws, nrows, out, os),
-                SimdLevel::Avx2 => return drive::<Avx2>(x, xs, n, k, w, d, ws, nrows, out, os),
+                SimdLevel::Avx512 => return drive::<Avx512>(x, xs, n, k, w, d, ws, nrows, out.as_mut_ptr(), os),
+                SimdLevel::Avx2 => return drive::<Avx2>(x, xs, n, k, w, d, ws, nrows, out.as_mut_ptr(), os),
                 _ => {}
             }
         }
@@ -473,6 +494,63 @@ pub(crate) fn block(
     let _ = level;
     scalar_block(x, xs, n, k, w, dtype, ws, nrows, out, os);
     Ok(())
+}
+
+/// The extents of a strided [`block`] against what its views hold, in checked arithmetic so
+/// absurd strides fail cleanly.
+#[allow(clippy::too_many_arguments)]
+fn check_block(x: &[f32], xs: usize, n: usize, k: usize, w: &[u8], dtype: DType, ws: usize, nrows: usize, out_len: usize, os: usize) -> Result<()> {
+    let x_need = (n - 1).checked_mul(xs).and_then(|v| v.checked_add(k));
+    let w_need = (nrows - 1).checked_mul(ws).and_then(|v| v.checked_add(k)).and_then(|v| v.checked_mul(dtype.size()));
+    let out_need = (n - 1).checked_mul(os).and_then(|v| v.checked_add(nrows));
+    let fits = |need: Option<usize>, have: usize| need.is_some_and(|v| v <= have);
+    if !fits(x_need, x.len()) || !fits(w_need, w.len()) || !fits(out_need, out_len) {
+        return Err(shape_err(format!(
+            "matmul block of {n} tokens × {nrows} rows × k={k}: x has {} values, w {} bytes, out {out_len} values",
+            x.len(),
+            w.len(),
+        )));
+    }
+    Ok(())
+}
+
+/// Whether [`block_in_place`] runs at `level`: the x86 tiles, which write through pointers.
+fn in_place_level(level: SimdLevel) -> bool {
+    cfg!(target_arch = "x86_64") && matches!(level.effective(), SimdLevel::Avx2 | SimdLevel::Avx512)
+}
+
+/// [`block`] of plain-dtype rows into `n` output rows of stride `os` at `out`, which other
+/// threads' calls share (each writing columns of its own), so no `&mut` slice covers them.
+///
+/// # Safety
+/// `out` holds `(n - 1)·os + nrows` values that nothing else reads or writes while this runs,
+/// and [`in_place_level`] holds for `level`.
+#[allow(clippy::too_many_arguments)]
+unsafe fn block_in_place(level: SimdLevel, x: &[f32], xs: usize, n: usize, k: usize, w: &[u8], dtype: DType, ws: usize, nrows: usize, out: *mut f32, os: usize) -> Result<()> {
+    if n == 0 || nrows == 0 {
+        return Ok(());
+    }
+    if dtype.is_quantized() {
+        return Err(shape_err(format!("{dtype} rows do not take the in-place kernels")));
+    }
+    check_block(x, xs, n, k, w, dtype, ws, nrows, (n - 1) * os + nrows, os)?;
+    if k == 0 {
+        for t in 0..n {
+            std::ptr::write_bytes(out.add(t * os), 0, nrows);
+        }
+        return Ok(());
+    }
+    #[cfg(target_arch = "x86_64")]
+    {
+        let d = super::x86::code(dtype);
+        match level.effective() {
+            SimdLevel::Avx512 => return drive::<Avx512>(x, xs, n, k, w, d, ws, nrows, out, os),
+            SimdLevel::Avx2 => return drive::<Avx2>(x, xs, n, k, w, d, ws, nrows, out, os),
+            _ => {}
+        }
+    }
+    let _ = (level, x, xs, w, ws, out);
+    Err(shape_err("the in-place kernels need AVX2 or AVX-512"))
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -562,7 +640,8 @@ impl Isa for Avx2 {
 /// Tiles `n × nrows` into `TOKENS × ROWS` blocks (single rows at the ragged end).
 ///
 /// # Safety
-/// The ISA is available and the slices cover the strided extents (checked by [`block`]).
+/// The ISA is available, and the slices and `op` cover the strided extents (checked by
+/// [`check_block`]).
 #[cfg(target_arch = "x86_64")]
 #[allow(clippy::too_many_arguments)]
 unsafe fn drive<I: Isa>(
@@ -574,12 +653,12 @@ unsafe fn drive<I: Isa>(
     d: u8,
     ws: usize,
     nrows: usize,
-    out: &mut [f32],
+    op: *mut f32,
     os: usize,
 ) -> Result<()> {
     use super::x86::{esize, Tile, F32};
     let es = esize(d);
-    let (xp, op) = (x.as_ptr(), out.as_mut_ptr());
+    let xp = x.as_ptr();
     let rows_of = |left: usize| if left >= I::ROWS { I::ROWS } else { 1 };
     if n < 2 * I::TOKENS {
         // Few tokens: stream each weight row once per token tile, widening in registers.

@@ -379,18 +379,23 @@ fn q4_k_straight_to_bf16_equals_rounded_decode() {
 }
 
 /// A product run on the calling thread alone (a decode expert side by side with others) gives
-/// the bits it gets split over the pool in the decode tasks or the prefill ones, in both
-/// modes, for bf16 and every block type; rows enough for many tasks, and a ragged last one.
+/// the bits it gets split over the pool in the decode tasks or the prefill ones (the plain
+/// dtypes' written in place, through the general tiles and through the panels), in both
+/// modes, for the plain dtypes and every block type; rows enough for many tasks, and a ragged
+/// last one.
 #[test]
 fn a_product_alone_equals_it_split_over_the_pool() {
     let pool = rayon::ThreadPoolBuilder::new().num_threads(2).build().expect("pool");
     let (k, m) = (256, 600);
     let wf = values(m * k, 21);
     let bf: Vec<u8> = wf.iter().flat_map(|v| half::bf16::from_f32(*v).to_le_bytes()).collect();
-    let weights = std::iter::once((DType::BF16, bf)).chain(DType::QUANTIZED.into_iter().map(|d| (d, ft_backend::quant::quantize_matrix(d, &wf, m, k))));
+    let hf: Vec<u8> = wf.iter().flat_map(|v| half::f16::from_f32(*v).to_le_bytes()).collect();
+    let ff: Vec<u8> = wf.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let plain = [(DType::BF16, bf), (DType::F16, hf), (DType::F32, ff)];
+    let weights = plain.into_iter().chain(DType::QUANTIZED.into_iter().map(|d| (d, ft_backend::quant::quantize_matrix(d, &wf, m, k))));
     for (dtype, w) in weights {
         for dot in [QuantDot::Exact, QuantDot::Int8] {
-            for n in [1, 3, 20] {
+            for n in [1, 3, 8, 20] {
                 let x = values(n * k, n as u64 + 60);
                 let (mut split, mut alone) = (vec![0f32; n * m], vec![0f32; n * m]);
                 matmul(Some(&pool), SimdLevel::Auto, dot, &x, n, k, &w, dtype, m, &mut split).expect("split");
