@@ -11,7 +11,7 @@
 //! while this one computes.
 
 use super::cache::CacheMsg;
-use super::cpu::{CpuBatch, CpuIntake, CpuJob};
+use super::cpu::{CpuBatch, CpuInput, CpuIntake, CpuJob};
 use super::router::{LayerPlan, RouterMsg};
 use super::slots::SlotPool;
 use super::transfer::{Copied, TransferMsg};
@@ -199,18 +199,10 @@ impl<'a> PipelineExperts<'a> {
         // CPU jobs first, one message for the layer: they run while the device works below.
         let mut cpu_reply = None;
         if !plan.cpu.is_empty() {
-            let h_host = download_f32(be, h, routing.n_tokens() * hidden)?;
-            let jobs = plan
-                .cpu
-                .iter()
-                .map(|&e| {
-                    let (_, rows, _) = &groups[by_id[&e]];
-                    let xs = rows.iter().flat_map(|&r| h_host[r as usize * hidden..][..hidden].iter().copied()).collect();
-                    CpuJob { key: ExpertKey::new(layer as u16, e), xs, n: rows.len() }
-                })
-                .collect();
+            let input = CpuInput { h: download_f32(be, h, routing.n_tokens() * hidden)?, hidden };
+            let jobs = plan.cpu.iter().map(|&e| CpuJob { key: ExpertKey::new(layer as u16, e), rows: groups[by_id[&e]].1.clone() }).collect();
             let (tx, rx) = oneshot::channel();
-            self.links.cpu.run(jobs, tx.into());
+            self.links.cpu.run(input, jobs, tx.into());
             cpu_reply = Some(rx);
         }
         let LayerPlan { hits, fetch, cpu } = plan;
