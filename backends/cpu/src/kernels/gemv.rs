@@ -228,7 +228,7 @@ impl<'a> Product<'a> {
 
     /// Whether [`Product::rows_in_place`] serves this product: plain dtypes on the x86 tiles,
     /// which take an output row stride. A 512-token bf16 prefill otherwise zeroes and copies
-    /// ~900 MB of task buffers (3 % of its samples on memset and memmove).
+    /// ~900 MB of task buffers (memset and memmove held ~3 % of its samples).
     pub(super) fn in_place(&self) -> bool {
         matches!(self.kind, Kind::Rows) && !self.dtype.is_quantized() && in_place_level(self.level)
     }
