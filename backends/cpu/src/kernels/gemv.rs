@@ -470,28 +470,12 @@ pub(crate) fn block(
         )));
     }
     check_block(x, xs, n, k, w, dtype, ws, nrows, out.len(), os)?;
-    if k == 0 {
-        for t in 0..n {
-            out[t * os..][..nrows].fill(0.0);
-        }
-        return Ok(());
+    if in_place_level(level) {
+        // SAFETY: the check above covers every output the kernels write, and `out` is
+        // borrowed whole for the call.
+        return unsafe { block_in_place(level, x, xs, n, k, w, dtype, ws, nrows, out.as_mut_ptr(), os) };
     }
-    let level = level.effective();
-    #[cfg(target_arch = "x86_64")]
-    {
-        let d = super::x86::code(dtype);
-        // SAFETY: `effective` confirmed the instruction set, and the bounds checks above cover
-        // every row, token and output the driver touches.
-        unsafe {
-            match level {
-                SimdLevel::Avx512 => return drive::<Avx512>(x, xs, n, k, w, d, ws, nrows, out.as_mut_ptr(), os),
-                SimdLevel::Avx2 => return drive::<Avx2>(x, xs, n, k, w, d, ws, nrows, out.as_mut_ptr(), os),
-                _ => {}
-            }
-        }
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = level;
+    // With `k = 0` every dot product is empty: zeros.
     scalar_block(x, xs, n, k, w, dtype, ws, nrows, out, os);
     Ok(())
 }
@@ -519,8 +503,9 @@ fn in_place_level(level: SimdLevel) -> bool {
     cfg!(target_arch = "x86_64") && matches!(level.effective(), SimdLevel::Avx2 | SimdLevel::Avx512)
 }
 
-/// [`block`] of plain-dtype rows into `n` output rows of stride `os` at `out`, which other
-/// threads' calls share (each writing columns of its own), so no `&mut` slice covers them.
+/// [`block`] of plain-dtype rows into `n` output rows of stride `os` at `out` on the x86
+/// tiles; prefill tasks call it directly, sharing one output (each writing columns of its
+/// own), so no `&mut` slice covers them.
 ///
 /// # Safety
 /// `out` holds `(n - 1)·os + nrows` values that nothing else reads or writes while this runs,
@@ -543,6 +528,7 @@ unsafe fn block_in_place(level: SimdLevel, x: &[f32], xs: usize, n: usize, k: us
     #[cfg(target_arch = "x86_64")]
     {
         let d = super::x86::code(dtype);
+        // `effective` confirms the instruction set; `check_block` covered what the driver reads.
         match level.effective() {
             SimdLevel::Avx512 => return drive::<Avx512>(x, xs, n, k, w, d, ws, nrows, out, os),
             SimdLevel::Avx2 => return drive::<Avx2>(x, xs, n, k, w, d, ws, nrows, out, os),
