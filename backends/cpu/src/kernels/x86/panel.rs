@@ -6,7 +6,9 @@
 //! half the FMA rate. Here a chunk of [`NR`] weight rows is widened once into a panel laid
 //! out `[k][NR]`, and each step of `k` loads two weight vectors (16 rows) and broadcasts one
 //! activation per token for [`MR`] tokens: eight loads for twelve FMAs, the FMA units the
-//! limit.
+//! limit. A bf16 panel stays bf16 ([`pack_half`]): each step loads its 16 values in one vector
+//! and widens them in registers, a shift and a mask, where packing them as f32 took twice the
+//! stores and the tiles twice the reads.
 //!
 //! Each output is one FMA chain over `k` in order, kept in a register within a `k` block and
 //! stored and reloaded across blocks (exact), so a token's sums do not depend on which tokens
@@ -27,6 +29,12 @@ pub(crate) const MR: usize = 6;
 /// in L1/L2 while every tile of tokens sweeps them (512 ran 1–3 % faster than 256 at 16–64
 /// tokens).
 const KB: usize = 512;
+/// [`KB`] for bf16 panels (64 KiB, in L2): fewer blocks, so fewer passes that store a tile's
+/// sums and load them back. Alternated call by call with the f32 panels at [`KB`] in one
+/// process, cold experts (k=2048 × 768), the median time ratio at 16/32/64/128/512 tokens was
+/// 1.10/1.09/1.08/1.06/1.07 on one thread and 1.15/1.12/1.05/1.06/1.06 on two; at 1024,
+/// 1.04–1.11.
+const KB_HALF: usize = 2048;
 /// Fewest tokens that take the panels: packing costs about what one token's products do, so
 /// at 5 tokens the general tiles ran faster (33 against 45 GFLOP/s, bf16, one thread), at 16
 /// the panels as fast or faster (58–62 against 44–63).
@@ -92,11 +100,73 @@ unsafe fn pack<const D: u8>(src: *const u8, sb: usize, rows: usize, k: usize, pa
     }
 }
 
-/// `out[t·os + r] (+)= Σ_j x[t·xs + j] · panel[j·NR + r]` for `t < M`, `r < nr` (≤ [`NR`]),
-/// `j < k`, each sum one FMA chain in `j` order, added to what `out` holds where `accumulate`.
+/// Where row `r` of a bf16 panel's step sits among its [`NR`] 16-bit values: rows `i` and
+/// `i + 8` share 32-bit lane `i`, low and high half, so that a shift widens the first eight
+/// and a mask the last eight, each in row order.
+const fn half_lane(r: usize) -> usize {
+    if r < 8 {
+        2 * r
+    } else {
+        2 * (r - 8) + 1
+    }
+}
+
+/// [`pack`] for bf16 rows, kept bf16: `[k][NR]` 16-bit values in [`half_lane`] order. Sixteen
+/// steps at a time, rows `i` and `i + 8` are interleaved into 32-bit pairs and the pairs
+/// transposed eight by eight ([`transpose8`]).
+#[target_feature(enable = "avx2,fma")]
+unsafe fn pack_half(src: *const u8, sb: usize, rows: usize, k: usize, panel: *mut u16) {
+    let mut kk = 0;
+    if rows == NR {
+        while kk + 16 <= k {
+            let ld = |i: usize| _mm256_loadu_si256(src.add(i * sb + kk * 2) as *const __m256i);
+            let (mut lo, mut hi) = ([_mm256_setzero_ps(); 8], [_mm256_setzero_ps(); 8]);
+            for i in 0..8 {
+                let (a, b) = (ld(i), ld(i + 8));
+                // Pair e of `lo[i]`: rows i and i + 8 at step [0, 1, 2, 3, 8, 9, 10, 11][e];
+                // of `hi[i]`, at [4, 5, 6, 7, 12, 13, 14, 15][e].
+                lo[i] = _mm256_castsi256_ps(_mm256_unpacklo_epi16(a, b));
+                hi[i] = _mm256_castsi256_ps(_mm256_unpackhi_epi16(a, b));
+            }
+            for (e, v) in transpose8(lo).into_iter().enumerate() {
+                _mm256_store_ps(panel.add((kk + e + if e < 4 { 0 } else { 4 }) * NR) as *mut f32, v);
+            }
+            for (e, v) in transpose8(hi).into_iter().enumerate() {
+                _mm256_store_ps(panel.add((kk + e + if e < 4 { 4 } else { 8 }) * NR) as *mut f32, v);
+            }
+            kk += 16;
+        }
+    }
+    for kk in kk..k {
+        for r in 0..NR {
+            let v = if r < rows { (src.add(r * sb + kk * 2) as *const u16).read_unaligned() } else { 0 };
+            *panel.add(kk * NR + half_lane(r)) = v;
+        }
+    }
+}
+
+/// Step `j`'s 16 weights of a panel: f32 values ([`pack`]), or bf16 ones ([`pack_half`])
+/// where `HALF`, widened exactly.
+#[inline(always)]
+unsafe fn step<const HALF: bool>(panel: *const u8, j: usize) -> (__m256, __m256) {
+    if HALF {
+        let v = _mm256_load_si256(panel.add(j * NR * 2) as *const __m256i);
+        (
+            _mm256_castsi256_ps(_mm256_slli_epi32::<16>(v)),
+            _mm256_castsi256_ps(_mm256_and_si256(v, _mm256_set1_epi32(-65536))),
+        )
+    } else {
+        let p = panel.add(j * NR * 4) as *const f32;
+        (_mm256_loadu_ps(p), _mm256_loadu_ps(p.add(8)))
+    }
+}
+
+/// `out[t·os + r] (+)= Σ_j x[t·xs + j] · w(j, r)` for `t < M`, `r < nr` (≤ [`NR`]), `j < k`,
+/// `w(j, ·)` the panel's step `j` ([`step`]), each sum one FMA chain in `j` order, added to
+/// what `out` holds where `accumulate`.
 #[inline]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn tile<const M: usize>(x: *const f32, xs: usize, panel: *const f32, k: usize, out: *mut f32, os: usize, nr: usize, accumulate: bool) {
+unsafe fn tile<const M: usize, const HALF: bool>(x: *const f32, xs: usize, panel: *const u8, k: usize, out: *mut f32, os: usize, nr: usize, accumulate: bool) {
     let mut acc = [[_mm256_setzero_ps(); 2]; M];
     // A ragged panel's outputs go through a whole-width buffer.
     let mut part = [[0f32; NR]; M];
@@ -112,8 +182,7 @@ unsafe fn tile<const M: usize>(x: *const f32, xs: usize, panel: *const f32, k: u
         }
     }
     for j in 0..k {
-        let w0 = _mm256_loadu_ps(panel.add(j * NR));
-        let w1 = _mm256_loadu_ps(panel.add(j * NR + 8));
+        let (w0, w1) = step::<HALF>(panel, j);
         for (t, a) in acc.iter_mut().enumerate() {
             let xb = _mm256_broadcast_ss(&*x.add(t * xs + j));
             a[0] = _mm256_fmadd_ps(xb, w0, a[0]);
@@ -134,20 +203,20 @@ unsafe fn tile<const M: usize>(x: *const f32, xs: usize, panel: *const f32, k: u
 
 /// One [`tile`] of `m` (1..=[`MR`]) tokens.
 #[allow(clippy::too_many_arguments)]
-unsafe fn tile_m(m: usize, x: *const f32, xs: usize, panel: *const f32, k: usize, out: *mut f32, os: usize, nr: usize, accumulate: bool) {
+unsafe fn tile_m<const HALF: bool>(m: usize, x: *const f32, xs: usize, panel: *const u8, k: usize, out: *mut f32, os: usize, nr: usize, accumulate: bool) {
     match m {
-        1 => tile::<1>(x, xs, panel, k, out, os, nr, accumulate),
-        2 => tile::<2>(x, xs, panel, k, out, os, nr, accumulate),
-        3 => tile::<3>(x, xs, panel, k, out, os, nr, accumulate),
-        4 => tile::<4>(x, xs, panel, k, out, os, nr, accumulate),
-        5 => tile::<5>(x, xs, panel, k, out, os, nr, accumulate),
-        _ => tile::<MR>(x, xs, panel, k, out, os, nr, accumulate),
+        1 => tile::<1, HALF>(x, xs, panel, k, out, os, nr, accumulate),
+        2 => tile::<2, HALF>(x, xs, panel, k, out, os, nr, accumulate),
+        3 => tile::<3, HALF>(x, xs, panel, k, out, os, nr, accumulate),
+        4 => tile::<4, HALF>(x, xs, panel, k, out, os, nr, accumulate),
+        5 => tile::<5, HALF>(x, xs, panel, k, out, os, nr, accumulate),
+        _ => tile::<MR, HALF>(x, xs, panel, k, out, os, nr, accumulate),
     }
 }
 
 /// `out[t·os + r] = x[t·xs..][..k] · w_row(r)` for `t < n`, `r < nrows`, weight row `r` of code
-/// `d` starting at element `r·ws` of `w`: each [`NR`] rows widened and packed a [`KB`] block
-/// of `k` at a time, every token swept over the block in tiles of at most [`MR`].
+/// `d` starting at element `r·ws` of `w`: each [`NR`] rows packed a [`KB`] ([`KB_HALF`] for
+/// bf16) block of `k` at a time, every token swept over the block in tiles of at most [`MR`].
 #[allow(clippy::too_many_arguments)]
 pub(crate) unsafe fn rows(x: *const f32, xs: usize, n: usize, k: usize, w: *const u8, d: u8, ws: usize, nrows: usize, out: *mut f32, os: usize) {
     thread_local! {
@@ -158,8 +227,10 @@ pub(crate) unsafe fn rows(x: *const f32, xs: usize, n: usize, k: usize, w: *cons
     }
     STORE.with(|store| {
         let mut store = store.borrow_mut();
-        if store.len() < NR * KB + 8 {
-            store.resize(NR * KB + 8, 0.0);
+        // Values of either panel: f32 at `KB` steps, or bf16 at `KB_HALF`.
+        let len = (NR * KB).max(NR * KB_HALF / 2) + 8;
+        if store.len() < len {
+            store.resize(len, 0.0);
         }
         // 32-byte aligned, so no weight load splits a cache line; `pack` writes all of it.
         let panel = store.as_mut_ptr().add(store.as_ptr().align_offset(32).min(8));
@@ -167,7 +238,7 @@ pub(crate) unsafe fn rows(x: *const f32, xs: usize, n: usize, k: usize, w: *cons
     })
 }
 
-/// [`rows`] with `panel` (`NR · KB` values, 32-byte aligned) to pack into.
+/// [`rows`] with `panel` (32-byte aligned, room for either panel's block) to pack into.
 ///
 /// Each [`KB`] block of a panel is packed just before the tiles read it, so they find it in
 /// L1 rather than L2, and the tokens go in tiles of as even a size as [`MR`] allows
@@ -175,20 +246,27 @@ pub(crate) unsafe fn rows(x: *const f32, xs: usize, n: usize, k: usize, w: *cons
 #[allow(clippy::too_many_arguments)]
 unsafe fn rows_in(x: *const f32, xs: usize, n: usize, k: usize, w: *const u8, d: u8, ws: usize, nrows: usize, out: *mut f32, os: usize, panel: *mut f32) {
     let es = esize(d);
+    let half = d == BF16;
+    let block = if half { KB_HALF } else { KB };
     for c0 in (0..nrows).step_by(NR) {
         let cr = NR.min(nrows - c0);
         let sb = ws * es;
-        for kb in (0..k).step_by(KB) {
-            let kl = KB.min(k - kb);
+        for kb in (0..k).step_by(block) {
+            let kl = block.min(k - kb);
             let first = w.add(c0 * sb + kb * es);
             match d {
                 F32 => pack::<F32>(first, sb, cr, kl, panel),
                 F16 => pack::<F16>(first, sb, cr, kl, panel),
-                _ => pack::<BF16>(first, sb, cr, kl, panel),
+                _ => pack_half(first, sb, cr, kl, panel as *mut u16),
             }
             let mut t0 = 0;
             for m in tile_sizes(n) {
-                tile_m(m, x.add(t0 * xs + kb), xs, panel, kl, out.add(t0 * os + c0), os, cr, kb > 0);
+                let (xt, ot, p) = (x.add(t0 * xs + kb), out.add(t0 * os + c0), panel as *const u8);
+                if half {
+                    tile_m::<true>(m, xt, xs, p, kl, ot, os, cr, kb > 0);
+                } else {
+                    tile_m::<false>(m, xt, xs, p, kl, ot, os, cr, kb > 0);
+                }
                 t0 += m;
             }
         }
@@ -233,7 +311,7 @@ mod tests {
             return;
         }
         let mut rng = Rng::new(0x9a2);
-        for &(n, nrows, k) in &[(1, 16, 8), (7, 16, 256), (6, 33, 300), (13, 5, 517), (4, 48, 1024), (2, 17, 3), (12, 31, 2048)] {
+        for &(n, nrows, k) in &[(1, 16, 8), (7, 16, 256), (6, 33, 300), (13, 5, 517), (4, 48, 1024), (2, 17, 3), (12, 31, 2048), (7, 32, 2100)] {
             for d in [F32, super::super::F16, super::super::BF16] {
                 let (xs, ws, os) = (k + 3, k + 5, nrows + 2);
                 let x = rng.vec(n * xs, 1.0);
