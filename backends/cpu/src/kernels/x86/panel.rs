@@ -240,9 +240,9 @@ pub(crate) unsafe fn rows(x: *const f32, xs: usize, n: usize, k: usize, w: *cons
 
 /// [`rows`] with `panel` (32-byte aligned, room for either panel's block) to pack into.
 ///
-/// Each [`KB`] block of a panel is packed just before the tiles read it, so they find it in
-/// L1 rather than L2, and the tokens go in tiles of as even a size as [`MR`] allows
-/// ([`tile_sizes`]).
+/// Each block of a panel is packed just before the tiles read it, so they find it in L1 (an
+/// f32 block of [`KB`] steps) or L2 (a bf16 one of [`KB_HALF`]) rather than farther out, and
+/// the tokens go in tiles of as even a size as [`MR`] allows ([`tile_sizes`]).
 #[allow(clippy::too_many_arguments)]
 unsafe fn rows_in(x: *const f32, xs: usize, n: usize, k: usize, w: *const u8, d: u8, ws: usize, nrows: usize, out: *mut f32, os: usize, panel: *mut f32) {
     let es = esize(d);
