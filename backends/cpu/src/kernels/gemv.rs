@@ -670,11 +670,11 @@ unsafe fn drive<I: Isa>(
         }
         return Ok(());
     }
-    if I::PANELS && n >= super::x86::panel::MIN_TOKENS {
+    if I::PANELS && n >= super::x86::panel::min_tokens(d) {
         super::x86::panel::rows(xp, xs, n, k, w.as_ptr(), d, ws, nrows, op, os);
         return Ok(());
     }
-    // Many tokens where the panels do not serve (AVX-512; 4..16 tokens): widen a chunk of rows
+    // Many tokens where the panels do not serve (AVX-512; f32 and f16 at 4..16 tokens): widen a chunk of rows
     // once into contiguous f32 scratch (a plain copy for f32, which still buys contiguous,
     // cache-resident rows), then sweep every token over it in k blocks so the chunk's k-slice
     // and the current activation tile stay in L1.

@@ -38,7 +38,23 @@ const KB_HALF: usize = 2048;
 /// Fewest tokens that take the panels: packing costs about what one token's products do, so
 /// at 5 tokens the general tiles ran faster (33 against 45 GFLOP/s, bf16, one thread), at 16
 /// the panels as fast or faster (58–62 against 44–63).
-pub(crate) const MIN_TOKENS: usize = 16;
+const MIN_TOKENS: usize = 16;
+/// [`MIN_TOKENS`] for bf16 weights, whose panels cost half as much to pack ([`pack_half`]):
+/// from 4 tokens (the fewest the streaming tiles leave, see `gemv::drive`) they beat the
+/// general tiles over rows widened into scratch. Alternated call by call in one process, cold
+/// experts (k=2048 × 768), the median time ratio at 4/5/6/8/10/12/14 tokens was
+/// 1.26/1.20/1.12/1.23/1.30/1.36/1.37 on two threads, 1.10–1.31 on one; at 2 and 3 tokens
+/// (4 and 6 FMA chains a tile) the panels were 30–50 % slower than the streaming tiles.
+const MIN_TOKENS_HALF: usize = 4;
+
+/// The fewest tokens whose products of code `d` take the panels.
+pub(crate) const fn min_tokens(d: u8) -> usize {
+    if d == BF16 {
+        MIN_TOKENS_HALF
+    } else {
+        MIN_TOKENS
+    }
+}
 
 /// The 8×8 transpose of `r` (row `i` of the result is lane `i` of every input).
 #[inline]
