@@ -586,6 +586,11 @@ pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
 trait Isa {
     const TOKENS: usize;
     const ROWS: usize;
+    /// Rows a one-token tile of code `d` streams at once ([`Isa::ROWS`] unless the ISA has a
+    /// wider one-token tile for it).
+    fn one_token_rows(_d: u8) -> usize {
+        Self::ROWS
+    }
     /// Whether many-token products take the packed panels ([`super::x86::panel`]).
     const PANELS: bool;
     unsafe fn tile(d: u8, nt: usize, nr: usize, a: super::x86::Tile);
@@ -614,6 +619,9 @@ impl Isa for Avx512 {
 impl Isa for Avx2 {
     const TOKENS: usize = super::x86::avx2::TOKENS;
     const ROWS: usize = super::x86::avx2::ROWS;
+    fn one_token_rows(d: u8) -> usize {
+        super::x86::avx2::one_token_rows(d)
+    }
     const PANELS: bool = true;
     unsafe fn tile(d: u8, nt: usize, nr: usize, a: super::x86::Tile) {
         super::x86::avx2::tile(d, nt, nr, a)
@@ -650,9 +658,10 @@ unsafe fn drive<I: Isa>(
         // Few tokens: stream each weight row once per token tile, widening in registers.
         for t0 in (0..n).step_by(I::TOKENS) {
             let nt = I::TOKENS.min(n - t0);
+            let wide = if nt == 1 { I::one_token_rows(d) } else { I::ROWS };
             let mut r = 0;
             while r < nrows {
-                let nr = rows_of(nrows - r);
+                let nr = if nrows - r >= wide { wide } else { rows_of(nrows - r) };
                 let a = Tile {
                     x: xp.add(t0 * xs),
                     xs,

@@ -1,4 +1,5 @@
-//! The `vdpbf16ps` prefill path of [`super::matmul`] against f64 references.
+//! The `vdpbf16ps` prefill path of [`super::matmul`] against f64 references, and the plain
+//! dtypes' tiles against themselves.
 
 use super::*;
 
@@ -403,6 +404,29 @@ fn a_product_alone_equals_it_split_over_the_pool() {
                 assert!(m.div_ceil(task_rows(2, n, m, dtype.row_bytes(k))) > 2, "{dtype} n={n}: the split should make several tasks");
                 let same = split.iter().zip(&alone).all(|(a, b)| a.to_bits() == b.to_bits());
                 assert!(same, "{dtype} {dot:?} n={n}: alone and split differ");
+            }
+        }
+    }
+}
+
+/// A one-token product streams several rows a tile (eight for 2-byte weights, four for f32,
+/// one at a ragged end), each row summed in its own accumulator: every row gets the bits it
+/// gets in a product of that row alone, whatever tile it fell in (13 and 21 rows: whole
+/// tiles, a four-row tile and single rows; `k` off the 32-value step).
+#[test]
+fn a_decode_row_gets_its_own_bits_in_any_tile() {
+    for (k, m) in [(300, 13), (2048, 21)] {
+        let wf = values(m * k, 31);
+        let x = values(k, 32);
+        for dtype in [DType::BF16, DType::F16, DType::F32] {
+            let w = ft_backend::dtype::from_f32_slice(&wf, dtype);
+            let rb = dtype.row_bytes(k);
+            let mut all = vec![f32::NAN; m];
+            matmul(None, SimdLevel::Auto, QuantDot::Exact, &x, 1, k, &w, dtype, m, &mut all).expect("all rows");
+            for r in 0..m {
+                let mut one = [f32::NAN];
+                matmul(None, SimdLevel::Auto, QuantDot::Exact, &x, 1, k, &w[r * rb..][..rb], dtype, 1, &mut one).expect("one row");
+                assert_eq!(all[r].to_bits(), one[0].to_bits(), "{dtype} k={k}: row {r} of {m}");
             }
         }
     }
