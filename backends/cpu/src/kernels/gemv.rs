@@ -226,11 +226,16 @@ impl<'a> Product<'a> {
         Ok(Self { kind, level, x, n, k, dtype })
     }
 
-    /// Whether [`Product::rows_in_place`] serves this product: plain dtypes on the x86 tiles,
-    /// which take an output row stride. A 512-token bf16 prefill otherwise zeroes and copies
-    /// ~900 MB of task buffers (memset and memmove held ~3 % of its samples).
+    /// Whether [`Product::rows_in_place`] serves this product: plain dtypes on the x86 tiles
+    /// and the fused block-quantized kernels, which take an output row stride. A 512-token
+    /// prefill otherwise zeroes and copies ~900 MB of task buffers (memset and memmove held
+    /// ~3 % of a bf16 one's samples, ~4 % of a Q4_K_M one's).
     pub(super) fn in_place(&self) -> bool {
-        matches!(self.kind, Kind::Rows) && !self.dtype.is_quantized() && in_place_level(self.level)
+        match self.kind {
+            Kind::Rows => !self.dtype.is_quantized() && in_place_level(self.level),
+            Kind::Fused(_) => true,
+            Kind::Bf16(_) => false,
+        }
     }
 
     /// Rows `r` of weights `w` (checked by [`whole_rows`]) straight into columns `r` of the
@@ -242,7 +247,10 @@ impl<'a> Product<'a> {
     pub(super) unsafe fn rows_in_place(&self, w: &[u8], r: Range<usize>, dst: super::Out, os: usize) -> Result<()> {
         let (n, k) = (self.n, self.k);
         let w = &w[r.start * self.dtype.row_bytes(k)..];
-        block_in_place(self.level, self.x, k, n, k, w, self.dtype, k, r.len(), dst.at(r.start), os)
+        match &self.kind {
+            Kind::Fused(prep) => prep.run_into(w, r.len(), dst.at(r.start), os),
+            _ => block_in_place(self.level, self.x, k, n, k, w, self.dtype, k, r.len(), dst.at(r.start), os),
+        }
     }
 
     /// Rows `r` of weights `w` (checked by [`whole_rows`]) into `o` (`[n, r.len()]`).

@@ -172,8 +172,7 @@ impl<'a> Prepared<'a> {
     /// `out[t*os + r] = x_t · row(r)` for the prepared tokens and the `nrows` rows at the
     /// start of `w`.
     pub(crate) fn run(&self, w: &[u8], nrows: usize, out: &mut [f32], os: usize) -> Result<()> {
-        let (dtype, n, k) = (self.dtype, self.n, self.k);
-        check_weights(k, w, dtype, nrows)?;
+        let (dtype, n) = (self.dtype, self.n);
         let out_need = (n - 1).checked_mul(os).and_then(|v| v.checked_add(nrows));
         if out_need.is_none_or(|v| v > out.len()) {
             return Err(shape_err(format!(
@@ -181,6 +180,19 @@ impl<'a> Prepared<'a> {
                 out.len()
             )));
         }
+        // SAFETY: `out` holds the extent checked above and is borrowed mutably for the call.
+        unsafe { self.run_into(w, nrows, out.as_mut_ptr(), os) }
+    }
+
+    /// [`Prepared::run`] into the output at `out`, which the prefill tasks of one product
+    /// share (each writing columns of its own), so no `&mut` slice covers it.
+    ///
+    /// # Safety
+    /// `out` holds `(n - 1)·os + nrows` values that nothing else reads or writes while this
+    /// runs.
+    pub(crate) unsafe fn run_into(&self, w: &[u8], nrows: usize, out: *mut f32, os: usize) -> Result<()> {
+        let (dtype, n, k) = (self.dtype, self.n, self.k);
+        check_weights(k, w, dtype, nrows)?;
         if nrows == 0 {
             return Ok(());
         }
@@ -194,7 +206,7 @@ impl<'a> Prepared<'a> {
             // here a group at a time: the rows, one pool task's share, stay in cache.
             for g0 in (0..n).step_by(qdot::MAX_TOKENS) {
                 let cnt = qdot::MAX_TOKENS.min(n - g0);
-                let out = out[g0 * os..].as_mut_ptr();
+                let out = out.add(g0 * os);
                 if let Some(xb) = &self.fp8_bf16 {
                     let x = xb[g0 * kp..].as_ptr();
                     let job = crate::kernels::x86::fp8_bf16::Job { x, xs: kp, w: w.as_ptr(), rb: dtype.row_bytes(k), blocks, out, os };
