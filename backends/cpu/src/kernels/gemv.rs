@@ -691,10 +691,10 @@ unsafe fn drive<I: Isa>(
         super::x86::panel::rows(xp, xs, n, k, w.as_ptr(), d, ws, nrows, op, os);
         return Ok(());
     }
-    // Many tokens where the panels do not serve (AVX-512; f32 and f16 at 4..16 tokens): widen a chunk of rows
-    // once into contiguous f32 scratch (a plain copy for f32, which still buys contiguous,
-    // cache-resident rows), then sweep every token over it in k blocks so the chunk's k-slice
-    // and the current activation tile stay in L1.
+    // Many tokens where the panels do not serve (AVX-512; f32 and f16 at 4..16 tokens): widen
+    // a chunk of rows once into contiguous f32 scratch (a plain copy for f32, which still buys
+    // contiguous, cache-resident rows), then sweep every token over it in k blocks so the
+    // chunk's k-slice and the current activation tile stay in L1.
     let mut scratch = vec![0f32; CHUNK_ROWS * k];
     for c0 in (0..nrows).step_by(CHUNK_ROWS) {
         let cr = CHUNK_ROWS.min(nrows - c0);

@@ -35,9 +35,10 @@ const KB: usize = 512;
 /// 1.10/1.09/1.08/1.06/1.07 on one thread and 1.15/1.12/1.05/1.06/1.06 on two; at 1024,
 /// 1.04–1.11.
 const KB_HALF: usize = 2048;
-/// Fewest tokens that take the panels: packing costs about what one token's products do, so
-/// at 5 tokens the general tiles ran faster (33 against 45 GFLOP/s, bf16, one thread), at 16
-/// the panels as fast or faster (58–62 against 44–63).
+/// Fewest tokens whose f32 or f16 products take the panels: packing as f32 costs about what
+/// one token's products do, so at 5 tokens the general tiles ran faster (33 against 45
+/// GFLOP/s, bf16 rows when they too were packed as f32, one thread), at 16 the panels as fast
+/// or faster (58–62 against 44–63).
 const MIN_TOKENS: usize = 16;
 /// [`MIN_TOKENS`] for bf16 weights, whose panels cost half as much to pack ([`pack_half`]):
 /// from 4 tokens (the fewest the streaming tiles leave, see `gemv::drive`) they beat the
