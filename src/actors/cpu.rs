@@ -103,6 +103,11 @@ fn mat(pool: Option<&ThreadPool>, level: SimdLevel, dot: QuantDot, x: &[f32], n:
     Ok(out)
 }
 
+/// `out = x · mᵀ` as one product of [`kernels::matmul_same_x`].
+fn same_x<'a>(m: &'a HostMatrix, out: &'a mut [f32]) -> kernels::SameX<'a> {
+    kernels::SameX { w: m.bytes.as_slice(), dtype: m.dtype, m: m.rows, out }
+}
+
 /// Adds a `[cols]` f32 bias (host bytes) to every row of `y`.
 fn add_bias(y: &mut [f32], bias: &ft_backend::HostBytes, cols: usize) -> Result<(), BackendError> {
     let b = ft_backend::dtype::to_f32_vec(bias.as_slice(), ft_backend::DType::F32)?;
@@ -124,8 +129,13 @@ pub fn expert_on_cpu(
     xs: &[f32],
     n: usize,
 ) -> Result<Vec<f32>, BackendError> {
-    let mut g = mat(pool, level, dot, xs, n, &w.gate)?;
-    let mut u = mat(pool, level, dot, xs, n, &w.up)?;
+    let (mut g, mut u) = (vec![0f32; n * w.gate.rows], vec![0f32; n * w.up.rows]);
+    if w.up.cols != w.gate.cols {
+        return Err(BackendError::Shape(format!("expert up takes {} inputs, gate {}", w.up.cols, w.gate.cols)));
+    }
+    crate::model::reads::add(w.gate.bytes.len() + w.up.bytes.len());
+    // One preparation of the activations for both products.
+    kernels::matmul_same_x(pool, level, dot, xs, n, w.gate.cols, &mut [same_x(&w.gate, &mut g), same_x(&w.up, &mut u)])?;
     if let Some(b) = &w.biases {
         add_bias(&mut g, &b.gate, w.gate.rows)?;
         add_bias(&mut u, &b.up, w.up.rows)?;

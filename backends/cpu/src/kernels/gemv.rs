@@ -112,21 +112,44 @@ pub fn matmul(
     m: usize,
     out: &mut [f32],
 ) -> Result<()> {
+    product_into(pool, level, dot, x, n, k, w, dtype, m, out, &mut None)
+}
+
+/// [`matmul`], with the prepared activations of the last product made from `x` in `made`:
+/// reused where this product's weights are of the same type, else made here and left there
+/// ([`super::many::matmul_same_x`]). Decode-sized products split over the pool prepare their
+/// own ([`super::many::matmul_many`]).
+#[allow(clippy::too_many_arguments)]
+pub(super) fn product_into<'a>(
+    pool: Option<&ThreadPool>,
+    level: SimdLevel,
+    dot: QuantDot,
+    x: &'a [f32],
+    n: usize,
+    k: usize,
+    w: &[u8],
+    dtype: DType,
+    m: usize,
+    out: &mut [f32],
+    made: &mut Option<Product<'a>>,
+) -> Result<()> {
     let work = need(need(n, k, "n·k")?, m, "n·k·m")?;
     let pool = pool.filter(|p| p.current_num_threads() > 1 && work >= PARALLEL_MIN_WORK && m >= 2 * CHUNK_ROWS);
+    if let Some(pool) = pool.filter(|_| n <= DECODE_TOKENS) {
+        return super::many::matmul_many(pool, level, dot, &mut [ManyItem { x, n, k, w, dtype, m, out }]);
+    }
+    let p = match made {
+        Some(p) if p.dtype == dtype => p,
+        _ => made.insert(Product::new(level, dot, x, n, k, dtype)?),
+    };
+    let w = whole_rows(w, out.len(), n, m, k, dtype)?;
     match pool {
-        None => Product::new(level, dot, x, n, k, dtype)?.rows(whole_rows(w, out.len(), n, m, k, dtype)?, 0..m, out),
-        Some(pool) if n > DECODE_TOKENS => {
-            let w = whole_rows(w, out.len(), n, m, k, dtype)?;
-            let p = Product::new(level, dot, x, n, k, dtype)?;
-            if p.in_place() {
-                // SAFETY: each task writes only its own columns `r` of the `[n, m]` output.
-                prefill_tasks(pool, n, m, dtype.row_bytes(k), out, |r, dst| unsafe { p.rows_in_place(w, r, dst, m) })
-            } else {
-                prefill_rows(pool, n, m, dtype.row_bytes(k), out, |r, o| p.rows(w, r, o))
-            }
+        None => p.rows(w, 0..m, out),
+        Some(pool) if p.in_place() => {
+            // SAFETY: each task writes only its own columns `r` of the `[n, m]` output.
+            prefill_tasks(pool, n, m, dtype.row_bytes(k), out, |r, dst| unsafe { p.rows_in_place(w, r, dst, m) })
         }
-        Some(pool) => super::many::matmul_many(pool, level, dot, &mut [ManyItem { x, n, k, w, dtype, m, out }]),
+        Some(pool) => prefill_rows(pool, n, m, dtype.row_bytes(k), out, |r, o| p.rows(w, r, o)),
     }
 }
 

@@ -13,6 +13,31 @@ use rayon::ThreadPool;
 use std::ops::Range;
 use std::sync::{Mutex, OnceLock};
 
+/// One product of [`matmul_same_x`]: `out[n, m] = x[n, k] · w[m, k]ᵀ`, `x` and `k` shared.
+pub struct SameX<'a> {
+    /// `[m, k]` weights of `dtype`.
+    pub w: &'a [u8],
+    /// The weights' type.
+    pub dtype: DType,
+    /// Output features.
+    pub m: usize,
+    /// `[n, m]` output.
+    pub out: &'a mut [f32],
+}
+
+/// Products of the same activations one after another (an expert's gate and up products),
+/// each as [`super::gemv::matmul`] computes it, bit for bit, but the activations prepared for
+/// the block-quantized kernels once for a run of products of one weight type rather than
+/// once each: in a 512-token Q4_K_M prefill that preparation, the codes and sums of every
+/// token, held ~2.6 % of the samples.
+pub fn matmul_same_x(pool: Option<&ThreadPool>, level: SimdLevel, dot: QuantDot, x: &[f32], n: usize, k: usize, items: &mut [SameX<'_>]) -> Result<()> {
+    let mut made = None;
+    for it in items.iter_mut() {
+        super::gemv::product_into(pool, level, dot, x, n, k, it.w, it.dtype, it.m, it.out, &mut made)?;
+    }
+    Ok(())
+}
+
 /// One product of [`matmul_many`]: `out[n, m] = x[n, k] · w[m, k]ᵀ`.
 pub struct ManyItem<'a> {
     /// `[n, k]` activations.
@@ -196,6 +221,40 @@ mod tests {
                 for (j, (got, want)) in outs.iter().zip(&want).enumerate() {
                     let same = got.iter().zip(want).all(|(a, b)| a.to_bits() == b.to_bits());
                     assert!(same, "{dot} {threads} threads: product {j} ({:?}) differs", shapes[j].0);
+                }
+            }
+        }
+    }
+
+    /// Products on the same activations, types in runs and mixed (the shared preparation is
+    /// made again when the type changes), decode and prefill token counts: each output bit
+    /// for bit what `matmul` alone gives, with a pool of two and without one.
+    #[test]
+    fn products_on_the_same_activations_equal_matmul_alone() {
+        let mut rng = Rng::new(12);
+        let (k, m) = (512, 96);
+        let types = [DType::Q4K, DType::Q4K, DType::Q6K, DType::BF16, DType::Q4K, DType::Q8_0];
+        let ws: Vec<Vec<u8>> = types.iter().map(|&d| ft_backend::quant::quantize_matrix(d, &rng.vec(m * k, 1.0), m, k)).collect();
+        for n in [1, 3, 20] {
+            let x = rng.vec(n * k, 1.0);
+            for dot in [QuantDot::Exact, QuantDot::Int8] {
+                for p in [None, Some(pool(2))] {
+                    let want: Vec<Vec<f32>> = types
+                        .iter()
+                        .zip(&ws)
+                        .map(|(&d, w)| {
+                            let mut o = vec![0f32; n * m];
+                            matmul(p.as_ref(), SimdLevel::Auto, dot, &x, n, k, w, d, m, &mut o).expect("matmul");
+                            o
+                        })
+                        .collect();
+                    let mut outs: Vec<Vec<f32>> = types.iter().map(|_| vec![f32::NAN; n * m]).collect();
+                    let mut items: Vec<SameX<'_>> = types.iter().zip(&ws).zip(&mut outs).map(|((&dtype, w), out)| SameX { w, dtype, m, out }).collect();
+                    matmul_same_x(p.as_ref(), SimdLevel::Auto, dot, &x, n, k, &mut items).expect("same x");
+                    for (j, (got, want)) in outs.iter().zip(&want).enumerate() {
+                        let same = got.iter().zip(want).all(|(a, b)| a.to_bits() == b.to_bits());
+                        assert!(same, "{dot} n={n} pool={}: product {j} ({}) differs", p.is_some(), types[j]);
+                    }
                 }
             }
         }
