@@ -129,10 +129,10 @@ pub fn expert_on_cpu(
     xs: &[f32],
     n: usize,
 ) -> Result<Vec<f32>, BackendError> {
-    let (mut g, mut u) = (vec![0f32; n * w.gate.rows], vec![0f32; n * w.up.rows]);
     if w.up.cols != w.gate.cols {
         return Err(BackendError::Shape(format!("expert up takes {} inputs, gate {}", w.up.cols, w.gate.cols)));
     }
+    let (mut g, mut u) = (vec![0f32; n * w.gate.rows], vec![0f32; n * w.up.rows]);
     crate::model::reads::add(w.gate.bytes.len() + w.up.bytes.len());
     // One preparation of the activations for both products.
     kernels::matmul_same_x(pool, level, dot, xs, n, w.gate.cols, &mut [same_x(&w.gate, &mut g), same_x(&w.up, &mut u)])?;
