@@ -112,27 +112,15 @@ pub fn matmul(
     m: usize,
     out: &mut [f32],
 ) -> Result<()> {
-    product_into(pool, level, dot, x, n, k, w, dtype, m, out, &mut None)
+    product_into(pool, level, dot, ManyItem { x, n, k, w, dtype, m, out }, &mut None)
 }
 
-/// [`matmul`], with the prepared activations of the last product made from `x` in `made`:
-/// reused where this product's weights are of the same type, else made here and left there
-/// ([`super::many::matmul_same_x`]). Decode-sized products split over the pool prepare their
-/// own ([`super::many::matmul_many`]).
-#[allow(clippy::too_many_arguments)]
-pub(super) fn product_into<'a>(
-    pool: Option<&ThreadPool>,
-    level: SimdLevel,
-    dot: QuantDot,
-    x: &'a [f32],
-    n: usize,
-    k: usize,
-    w: &[u8],
-    dtype: DType,
-    m: usize,
-    out: &mut [f32],
-    made: &mut Option<Product<'a>>,
-) -> Result<()> {
+/// [`matmul`] of `item`, with the prepared activations of the last product made from its `x`
+/// in `made`: reused where this product's weights are of the same type, else made here and
+/// left there ([`super::many::matmul_same_x`]). Decode-sized products split over the pool
+/// prepare their own ([`super::many::matmul_many`]).
+pub(super) fn product_into<'a>(pool: Option<&ThreadPool>, level: SimdLevel, dot: QuantDot, item: ManyItem<'a>, made: &mut Option<Product<'a>>) -> Result<()> {
+    let ManyItem { x, n, k, w, dtype, m, out } = item;
     let work = need(need(n, k, "n·k")?, m, "n·k·m")?;
     let pool = pool.filter(|p| p.current_num_threads() > 1 && work >= PARALLEL_MIN_WORK && m >= 2 * CHUNK_ROWS);
     if let Some(pool) = pool.filter(|_| n <= DECODE_TOKENS) {

@@ -33,7 +33,8 @@ pub struct SameX<'a> {
 pub fn matmul_same_x(pool: Option<&ThreadPool>, level: SimdLevel, dot: QuantDot, x: &[f32], n: usize, k: usize, items: &mut [SameX<'_>]) -> Result<()> {
     let mut made = None;
     for it in items.iter_mut() {
-        super::gemv::product_into(pool, level, dot, x, n, k, it.w, it.dtype, it.m, it.out, &mut made)?;
+        let item = ManyItem { x, n, k, w: it.w, dtype: it.dtype, m: it.m, out: &mut *it.out };
+        super::gemv::product_into(pool, level, dot, item, &mut made)?;
     }
     Ok(())
 }
