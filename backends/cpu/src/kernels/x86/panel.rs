@@ -182,6 +182,7 @@ unsafe fn step<const HALF: bool>(panel: *const u8, j: usize) -> (__m256, __m256)
 /// `w(j, ·)` the panel's step `j` ([`step`]), each sum one FMA chain in `j` order, added to
 /// what `out` holds where `accumulate`.
 #[inline]
+#[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn tile<const M: usize, const HALF: bool>(x: *const f32, xs: usize, panel: *const u8, k: usize, out: *mut f32, os: usize, nr: usize, accumulate: bool) {
     let mut acc = [[_mm256_setzero_ps(); 2]; M];
