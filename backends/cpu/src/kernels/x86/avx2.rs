@@ -113,7 +113,7 @@ unsafe fn tile_tr<const T: usize, const R: usize, const D: u8>(a: Tile) {
 
 unsafe fn tile_d<const D: u8>(nt: usize, nr: usize, a: Tile) {
     match (nt, nr == ROWS) {
-        (1, false) if nr == ONE_TOKEN_ROWS_2B && D != F32 => tile_tr::<1, ONE_TOKEN_ROWS_2B, D>(a),
+        (1, false) if nr == ONE_TOKEN_ROWS_2B => tile_tr::<1, ONE_TOKEN_ROWS_2B, D>(a),
         (1, true) => tile_tr::<1, ROWS, D>(a),
         (2, true) => tile_tr::<2, ROWS, D>(a),
         (1, false) => tile_tr::<1, 1, D>(a),
