@@ -10,7 +10,7 @@ use crate::model::reads;
 use super::routing::RouterParams;
 use super::weights_file::{TensorRef, WeightFiles};
 use super::ModelError;
-use ft_backend::{Backend, BufferUsage, DType, DeviceBuffer, HostBytes, MatmulDesc};
+use ft_backend::{Backend, BufferUsage, DType, DeviceBuffer, HostBytes, MatmulDesc, MatmulPart};
 use std::sync::Arc;
 
 /// A row-major `[rows, cols]` weight matrix in host memory (a view of a mapped file, or an
@@ -104,6 +104,29 @@ impl Linear {
         }
         Ok(())
     }
+    /// `out_i = x · W_iᵀ + b_i` for every `(linear, out)` pair of `parts`, all over the same
+    /// `n` rows of `x`, as one [`Backend::matmul_same_x`] call where every weight is on the
+    /// device (a layer's q/k/v: one piece of work for the CPU pool, not three); each as
+    /// [`Linear::forward`] would otherwise.
+    pub fn forward_same_x(be: &dyn Backend, x: &DeviceBuffer, n: usize, parts: &mut [(&Linear, &mut DeviceBuffer)]) -> Result<(), ModelError> {
+        if parts.iter().any(|(l, _)| l.host.is_some()) {
+            for (l, out) in parts.iter_mut() {
+                l.forward(be, x, out, n)?;
+            }
+            return Ok(());
+        }
+        let mut products: Vec<MatmulPart<'_>> = parts
+            .iter_mut()
+            .map(|(l, out)| {
+                let desc = MatmulDesc::new(n, l.in_dim, l.out_dim);
+                reads::add(desc.m * l.w.dtype().row_bytes(desc.k));
+                MatmulPart { w: &l.w, bias: l.bias.as_ref(), out: &mut **out, desc }
+            })
+            .collect();
+        be.matmul_same_x(x, &mut products)?;
+        Ok(())
+    }
+
     /// Bytes of weights (and bias).
     pub fn size_bytes(&self) -> usize {
         self.w.size_bytes() + self.bias.as_ref().map_or(0, |b| b.size_bytes())

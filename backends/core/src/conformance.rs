@@ -31,6 +31,7 @@
 //! | causal_conv1d | `1e-5 · |ref| + 1e-6`; the carried state exactly |
 //! | gated_delta_rule | `1e-4 · |ref| + 1e-5` for outputs and state (a recurrence over up to 33 steps; chunked forms must stay within it) |
 //! | top_k, gather_rows, copy, upload, download, import | exact |
+//! | matmul_same_x | exact: each part as the backend's own `matmul` computes it |
 //!
 //! Set `FT_CONFORMANCE_VERBOSE=1` (and run the tests with `--nocapture`) to print, for each
 //! check, the worst ratio of error to bound.
@@ -39,6 +40,7 @@ mod cases;
 mod memory;
 mod paged;
 mod recurrent;
+mod same_x;
 
 pub use cases::{
     attention, binary, gather_rows, matmul, matmul_quant, rms_norm, rope, scale, scatter_add_rows,
@@ -47,6 +49,7 @@ pub use cases::{
 pub use memory::{copy_upload_download, errors, import_host, memory, store, streams_events};
 pub use paged::attention_paged;
 pub use recurrent::{causal_conv1d, gated_delta_rule};
+pub use same_x::matmul_same_x;
 
 use crate::dtype::{from_f32_slice, to_f32_vec};
 use crate::{Backend, BufferUsage, DType, DeviceBuffer, Op, StreamId};
@@ -129,6 +132,7 @@ macro_rules! conformance_suite {
         $crate::__conformance_test!(matmul_q4_k, $make, matmul_quant, $crate::DType::Q4K);
         $crate::__conformance_test!(matmul_q5_k, $make, matmul_quant, $crate::DType::Q5K);
         $crate::__conformance_test!(matmul_q6_k, $make, matmul_quant, $crate::DType::Q6K);
+        $crate::__conformance_test!(matmul_same_x, $make, matmul_same_x);
         $crate::__conformance_test!(rms_norm_f32, $make, rms_norm, $crate::DType::F32);
         $crate::__conformance_test!(rms_norm_bf16, $make, rms_norm, $crate::DType::BF16);
         $crate::__conformance_test!(rms_norm_f16, $make, rms_norm, $crate::DType::F16);

@@ -138,6 +138,15 @@ pub trait Backend: Send + Sync {
         out: &mut DeviceBuffer,
         desc: &MatmulDesc,
     ) -> Result<()>;
+    /// Several products of the same activations `x` (a layer's query, key and value
+    /// projections), each as [`Backend::matmul`] computes it: a backend may run them as one
+    /// piece of work and prepare `x` once. By default, one call after another.
+    fn matmul_same_x(&self, x: &DeviceBuffer, parts: &mut [MatmulPart<'_>]) -> Result<()> {
+        for p in parts.iter_mut() {
+            self.matmul(x, p.w, p.bias, p.out, &p.desc)?;
+        }
+        Ok(())
+    }
     /// Row-wise RMS normalisation: `out = x / rms(x) * w` (or `* (1 + w)`).
     fn rms_norm(&self, x: &DeviceBuffer, w: &DeviceBuffer, out: &mut DeviceBuffer, desc: &RmsNormDesc) -> Result<()>;
     /// Rotary position embedding, in place, over (part of) every head of every token.

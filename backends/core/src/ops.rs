@@ -161,6 +161,18 @@ impl MatmulDesc {
     }
 }
 
+/// One product of [`crate::Backend::matmul_same_x`]: `out = x · wᵀ (+ bias)` as `desc` says.
+pub struct MatmulPart<'a> {
+    /// The weights.
+    pub w: &'a crate::DeviceBuffer,
+    /// Optional f32 bias.
+    pub bias: Option<&'a crate::DeviceBuffer>,
+    /// The output.
+    pub out: &'a mut crate::DeviceBuffer,
+    /// Shapes and offsets, as for [`crate::Backend::matmul`].
+    pub desc: MatmulDesc,
+}
+
 /// Row-wise RMSNorm over `rows × dim` contiguous values.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct RmsNormDesc {

@@ -5,7 +5,7 @@ use crate::storage::{bytes, bytes_mut, expect_dtype, f32s, f32s_mut, range, CpuS
 use crate::{cpu_model, CpuBackend};
 use ft_backend::{
     AttentionDesc, Backend, BackendError, BackendKind, BinaryOp, BufferUsage, ConvDesc, CopyDesc, KvPages,
-    DType, DeltaRuleDesc, DeltaRuleInputs, DeviceBuffer, EventId, HostBytes, MatmulDesc,
+    DType, DeltaRuleDesc, DeltaRuleInputs, DeviceBuffer, EventId, HostBytes, MatmulDesc, MatmulPart,
     MemoryInfo, Op, Result, RmsNormDesc, RopeDesc, StreamId, TopK,
 };
 use rayon::prelude::*;
@@ -14,6 +14,50 @@ use std::sync::atomic::Ordering;
 
 /// Element-wise work below this many values stays on the calling thread.
 const PARALLEL_MIN: usize = 1 << 16;
+
+/// One product's checked operands (see [`operands`]).
+struct Operands<'a> {
+    /// `[n, k]` activations.
+    x: std::borrow::Cow<'a, [f32]>,
+    /// `[m, k]` weight bytes.
+    w: &'a [u8],
+    /// `[m]` bias.
+    bias: Option<std::borrow::Cow<'a, [f32]>>,
+    /// `[n, m]` output.
+    out: &'a mut [f32],
+}
+
+impl Operands<'_> {
+    /// Adds the bias, if any, to every `m`-value row of the output.
+    fn add_bias(self, m: usize) {
+        if let (Some(b), true) = (self.bias, m > 0) {
+            self.out.chunks_exact_mut(m).for_each(|row| row.iter_mut().zip(b.iter()).for_each(|(o, b)| *o += b));
+        }
+    }
+}
+
+/// The slices of a product `desc` names, each checked against its buffer: a wrong length,
+/// type or offset is an error here, before any kernel reads.
+fn operands<'a>(
+    x: &'a DeviceBuffer,
+    w: &'a DeviceBuffer,
+    bias: Option<&'a DeviceBuffer>,
+    out: &'a mut DeviceBuffer,
+    desc: &MatmulDesc,
+) -> Result<Operands<'a>> {
+    let MatmulDesc { n, k, m, .. } = *desc;
+    let x = f32s(x, desc.x_offset, need(n, k, "x")?, "matmul x")?;
+    // Weights are rows of whole blocks (a block is one element of a plain dtype): the
+    // offset and the length count blocks.
+    let (dt, be) = (w.dtype(), w.dtype().block_elems());
+    if !desc.w_offset.is_multiple_of(be) {
+        return Err(BackendError::Shape(format!("{dt} weight offset {} is not on a block boundary", desc.w_offset)));
+    }
+    let w = range(bytes(w, "matmul w")?, desc.w_offset / be, need(m, k.div_ceil(be), "w")?, dt.size(), "matmul w")?;
+    let bias = bias.map(|b| f32s(b, desc.bias_offset, m, "matmul bias")).transpose()?;
+    let out = f32s_mut(out, desc.out_offset, need(n, m, "out")?, "matmul out")?;
+    Ok(Operands { x, w, bias, out })
+}
 
 impl CpuBackend {
     /// Attention over contiguous caches, or over the pages `pages` names in pools.
@@ -283,31 +327,41 @@ impl Backend for CpuBackend {
         desc: &MatmulDesc,
     ) -> Result<()> {
         let MatmulDesc { n, k, m, .. } = *desc;
-        let xs = f32s(x, desc.x_offset, need(n, k, "x")?, "matmul x")?;
-        // Weights are rows of whole blocks (a block is one element of a plain dtype): the
-        // offset and the length count blocks.
-        let (dt, be) = (w.dtype(), w.dtype().block_elems());
-        if !desc.w_offset.is_multiple_of(be) {
-            return Err(BackendError::Shape(format!(
-                "{dt} weight offset {} is not on a block boundary",
-                desc.w_offset
-            )));
+        let op = operands(x, w, bias, out, desc)?;
+        kernels::matmul(Some(&self.pool), self.simd, self.quant_dot, &op.x, n, k, op.w, w.dtype(), m, op.out)?;
+        op.add_bias(m);
+        Ok(())
+    }
+
+    /// Decode-sized parts (at most [`kernels::gemv::DECODE_TOKENS`] tokens) run as one list of
+    /// row chunks over the pool ([`kernels::matmul_many`]), so the workers finish together once
+    /// rather than once a product; larger ones one after another with the activations prepared
+    /// once ([`kernels::matmul_same_x`]). Each part gets the bits [`Backend::matmul`] gives it.
+    fn matmul_same_x(&self, x: &DeviceBuffer, parts: &mut [MatmulPart<'_>]) -> Result<()> {
+        let mut ops = Vec::with_capacity(parts.len());
+        for p in parts.iter_mut() {
+            ops.push((operands(x, p.w, p.bias, p.out, &p.desc)?, p.desc, p.w.dtype()));
         }
-        let wb = range(
-            bytes(w, "matmul w")?,
-            desc.w_offset / be,
-            need(m, k.div_ceil(be), "w")?,
-            dt.size(),
-            "matmul w",
-        )?;
-        let bias = bias
-            .map(|b| f32s(b, desc.bias_offset, m, "matmul bias"))
-            .transpose()?;
-        let o = f32s_mut(out, desc.out_offset, need(n, m, "out")?, "matmul out")?;
-        kernels::matmul(Some(&self.pool), self.simd, self.quant_dot, &xs, n, k, wb, w.dtype(), m, o)?;
-        if let (Some(b), true) = (bias, m > 0) {
-            o.chunks_exact_mut(m)
-                .for_each(|row| row.iter_mut().zip(b.iter()).for_each(|(o, b)| *o += b));
+        let few = ops.iter().all(|(_, d, _)| d.n <= kernels::gemv::DECODE_TOKENS);
+        let shared = ops.first().map(|(_, d, _)| (d.n, d.k, d.x_offset));
+        if few && ops.len() > 1 {
+            let mut items: Vec<kernels::ManyItem<'_>> = ops
+                .iter_mut()
+                .map(|(o, d, dtype)| kernels::ManyItem { x: &o.x, n: d.n, k: d.k, w: o.w, dtype: *dtype, m: d.m, out: &mut *o.out })
+                .collect();
+            kernels::matmul_many(&self.pool, self.simd, self.quant_dot, &mut items)?;
+        } else if let Some((n, k, _)) = shared.filter(|s| ops.iter().all(|(_, d, _)| (d.n, d.k, d.x_offset) == *s)) {
+            let xs = f32s(x, ops[0].1.x_offset, need(n, k, "x")?, "matmul x")?;
+            let mut items: Vec<kernels::SameX<'_>> =
+                ops.iter_mut().map(|(o, d, dtype)| kernels::SameX { w: o.w, dtype: *dtype, m: d.m, out: &mut *o.out }).collect();
+            kernels::matmul_same_x(Some(&self.pool), self.simd, self.quant_dot, &xs, n, k, &mut items)?;
+        } else {
+            for (o, d, dtype) in ops.iter_mut() {
+                kernels::matmul(Some(&self.pool), self.simd, self.quant_dot, &o.x, d.n, d.k, o.w, *dtype, d.m, o.out)?;
+            }
+        }
+        for (o, d, _) in ops {
+            o.add_bias(d.m);
         }
         Ok(())
     }

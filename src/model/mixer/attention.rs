@@ -5,7 +5,7 @@ use super::{gather_units, on_span_rows, store_rows, Span};
 use crate::kv::pages::{self, PoolLayer};
 use crate::model::config::LayerKind;
 use crate::model::forward::scratch;
-use crate::model::weights::AttentionWeights;
+use crate::model::weights::{AttentionWeights, Linear};
 use crate::model::{Model, ModelError};
 use ft_backend::{AttentionDesc, BinaryOp, DeviceBuffer, RmsNormDesc, RopeDesc};
 
@@ -42,22 +42,21 @@ impl Model {
         let be = self.backend();
         let t = positions.len();
         let (nh, nkv, hd) = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim);
+        // With the Qwen3-Next output gate, q_proj rows are [head][query | gate], each
+        // head_dim wide, split apart below.
+        let q_width = if cfg.attn_output_gate { 2 * nh * hd } else { nh * hd };
+        let mut qg = scratch(be, t * q_width)?;
+        let mut k = scratch(be, t * nkv * hd)?;
+        let mut v = scratch(be, t * nkv * hd)?;
+        // One piece of work for the three products of `x` (on the CPU, one pass of the pool).
+        Linear::forward_same_x(be, x, t, &mut [(&w.q, &mut qg), (&w.k, &mut k), (&w.v, &mut v)])?;
         let (mut q, gate) = if cfg.attn_output_gate {
-            // q_proj rows are [head][query | gate], each head_dim wide: split them apart.
-            let mut qg = scratch(be, t * nh * 2 * hd)?;
-            w.q.forward(be, x, &mut qg, t)?;
             let q = gather_units(be, &qg, (0..t * nh).map(|r| 2 * r), hd)?;
             let g = gather_units(be, &qg, (0..t * nh).map(|r| 2 * r + 1), hd)?;
             (q, Some(g))
         } else {
-            let mut q = scratch(be, t * nh * hd)?;
-            w.q.forward(be, x, &mut q, t)?;
-            (q, None)
+            (qg, None)
         };
-        let mut k = scratch(be, t * nkv * hd)?;
-        let mut v = scratch(be, t * nkv * hd)?;
-        w.k.forward(be, x, &mut k, t)?;
-        w.v.forward(be, x, &mut v, t)?;
         if let (Some(qn), Some(kn)) = (&w.q_norm, &w.k_norm) {
             let norm = |rows| RmsNormDesc { rows, dim: hd, eps: cfg.rms_norm_eps, unit_offset: cfg.norm_unit_offset };
             let mut tmp = scratch(be, t * nh * hd)?;
