@@ -4,7 +4,7 @@
 use crate::model::reads;
 use super::config::ExpertActivation;
 use super::routing::{route, Routing};
-use super::weights::{ExpertWeights, MoeWeights, Mlp};
+use super::weights::{ExpertWeights, Linear, MoeWeights, Mlp};
 use super::batch::BatchItem;
 use super::{Model, ModelError};
 use crate::kv::SequenceState;
@@ -233,8 +233,7 @@ impl Model {
         let inter = w.gate.out_dim;
         let mut g = scratch(be, t * inter)?;
         let mut u = scratch(be, t * inter)?;
-        w.gate.forward(be, x, &mut g, t)?;
-        w.up.forward(be, x, &mut u, t)?;
+        Linear::forward_same_x(be, x, t, &mut [(&w.gate, &mut g), (&w.up, &mut u)])?;
         be.binary(act, &mut g, &u, t * inter)?;
         w.down.forward(be, &g, out, t)
     }
@@ -253,7 +252,24 @@ impl Model {
         let be = self.backend();
         let (h, e) = (cfg.hidden_size, cfg.num_experts);
         let mut logits = scratch(be, t * e)?;
-        w.router.forward(be, x, &mut logits, t)?;
+        // The shared expert's gate and up products and its sigmoid gate read the same tokens
+        // as the router: one product call for all of them.
+        let mut shared = match &w.shared {
+            Some(m) => Some((m, scratch(be, t * m.gate.out_dim)?, scratch(be, t * m.up.out_dim)?)),
+            None => None,
+        };
+        let mut shared_gate = match (&w.shared, &w.shared_gate) {
+            (Some(_), Some(g)) => Some((g, scratch(be, t)?)),
+            _ => None,
+        };
+        let mut parts: Vec<(&Linear, &mut DeviceBuffer)> = vec![(&w.router, &mut logits)];
+        if let Some((m, g, u)) = shared.as_mut() {
+            parts.extend([(&m.gate, g), (&m.up, u)]);
+        }
+        if let Some((lin, g)) = shared_gate.as_mut() {
+            parts.push((*lin, g));
+        }
+        Linear::forward_same_x(be, x, t, &mut parts)?;
         let logits = download_f32(be, &logits, t * e)?;
         let routing = route(&w.params, &logits, t, e);
         if let Some(tr) = trace {
@@ -262,15 +278,12 @@ impl Model {
         // `out` is reused scratch: clear it before accumulating expert outputs.
         be.scale(out, 0.0, t * h)?;
         experts.run_experts(self, layer, x, &routing, out)?;
-        if let Some(shared) = &w.shared {
+        if let Some((m, mut g, u)) = shared {
+            be.binary(BinaryOp::SwiGlu, &mut g, &u, t * m.gate.out_dim)?;
             let mut y = scratch(be, t * h)?;
-            self.mlp(shared, x, &mut y, t)?;
-            let scales = match &w.shared_gate {
-                Some(gate) => {
-                    let mut g = scratch(be, t)?;
-                    gate.forward(be, x, &mut g, t)?;
-                    download_f32(be, &g, t)?.into_iter().map(ft_backend::sigmoid).collect()
-                }
+            m.down.forward(be, &g, &mut y, t)?;
+            let scales = match shared_gate {
+                Some((_, g)) => download_f32(be, &g, t)?.into_iter().map(ft_backend::sigmoid).collect(),
                 None => vec![1.0; t],
             };
             let rows: Vec<u32> = (0..t as u32).collect();

@@ -7,7 +7,7 @@
 use super::{gather_units, gcd, put_rows, take_rows, Span};
 use crate::kv::LayerState;
 use crate::model::forward::scratch;
-use crate::model::weights::{DeltaNetProjections, DeltaNetWeights};
+use crate::model::weights::{DeltaNetProjections, DeltaNetWeights, Linear};
 use crate::model::{Model, ModelError};
 use ft_backend::{BinaryOp, ConvDesc, DeltaRuleDesc, DeltaRuleInputs, DeviceBuffer, RmsNormDesc};
 
@@ -85,13 +85,13 @@ impl Model {
         let be = self.backend();
         let l = self.config().linear_attn.ok_or_else(|| ModelError::Invalid("linear-attention layer without its settings".into()))?;
         let (hk, hv, dk, dv) = (l.num_k_heads, l.num_v_heads, l.k_head_dim, l.v_head_dim);
-        let project = |lin: &crate::model::weights::Linear| -> Result<DeviceBuffer, ModelError> {
-            let mut y = scratch(be, t * lin.out_dim)?;
-            lin.forward(be, x, &mut y, t)?;
-            Ok(y)
-        };
         match &w.proj {
-            DeltaNetProjections::Split { qkv, z, b, a } => Ok((project(qkv)?, project(z)?, project(b)?, project(a)?)),
+            DeltaNetProjections::Split { qkv, z, b, a } => {
+                let (mut y_qkv, mut y_z) = (scratch(be, t * qkv.out_dim)?, scratch(be, t * z.out_dim)?);
+                let (mut y_b, mut y_a) = (scratch(be, t * b.out_dim)?, scratch(be, t * a.out_dim)?);
+                Linear::forward_same_x(be, x, t, &mut [(qkv, &mut y_qkv), (z, &mut y_z), (b, &mut y_b), (a, &mut y_a)])?;
+                Ok((y_qkv, y_z, y_b, y_a))
+            }
             DeltaNetProjections::Grouped { qkvz, ba } => {
                 // Qwen3-Next groups the projections per key head: [q dk | k dk | v r·dv | z r·dv]
                 // and [b r | a r], r = Hv/Hk. Regroup into all-q, all-k, all-v (the order the
@@ -100,7 +100,8 @@ impl Model {
                 let u = gcd(dk, dv);
                 let (qk_units, v_units) = (dk / u, r * dv / u);
                 let group = 2 * qk_units + 2 * v_units;
-                let mixed = project(qkvz)?;
+                let (mut mixed, mut gates) = (scratch(be, t * qkvz.out_dim)?, scratch(be, t * ba.out_dim)?);
+                Linear::forward_same_x(be, x, t, &mut [(qkvz, &mut mixed), (ba, &mut gates)])?;
                 let part = |first: usize, len: usize| {
                     (0..t).flat_map(move |tok| (0..hk).flat_map(move |g| (0..len).map(move |i| (tok * hk + g) * group + first + i)))
                 };
@@ -112,7 +113,6 @@ impl Model {
                 });
                 let qkv = gather_units(be, &mixed, qkv_ids, u)?;
                 let z = gather_units(be, &mixed, part(2 * qk_units + v_units, v_units), u)?;
-                let gates = project(ba)?;
                 let b = gather_units(be, &gates, (0..t * hv).map(|i| (i / hv) * 2 * hv + (i % hv / r) * 2 * r + i % r), 1)?;
                 let a = gather_units(be, &gates, (0..t * hv).map(|i| (i / hv) * 2 * hv + (i % hv / r) * 2 * r + r + i % r), 1)?;
                 Ok((qkv, z, b, a))
