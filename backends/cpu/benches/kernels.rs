@@ -18,8 +18,9 @@
 //!    thread and on all: GFLOP/s counting `2·(head_dim + v_head_dim)` per (query head, key
 //!    seen), median of 5 calls; the path taken (AMX tiles, else the AVX2 flash blocks;
 //!    `FT_NO_AMX=1` leaves the tiles out).
-//! 5. Decode attention alone: one new token over the same cache (the position split) and over
-//!    a 512-token one (the flash blocks), median of 101 calls taking turns over copies of the
+//! 5. Decode attention alone: one new token over the same cache and over a 512-token one
+//!    (both split by positions, as decode steps over 256 cached tokens or more are; shorter
+//!    ones take the flash blocks), median of 101 calls taking turns over copies of the
 //!    cache that add up to 64 MiB (so each comes from memory, as a layer's cache does in a
 //!    decode step), also as GB/s of the cache's bytes.
 //!

@@ -5,11 +5,12 @@
 //! misses the prefetchers do not follow, and one token's four pairs leave each thread the
 //! memory parallelism of one core on a strided walk. At 3,072 cached tokens the weighted sum of
 //! values alone, waiting on those loads, was an eighth of a decode step (12-layer Q4_K_M, 2
-//! threads). Here a task takes a fixed segment of [`SEGMENT`] positions and all heads,
+//! threads). Here a task takes a segment of about [`SEGMENT`] positions and all heads,
 //! reading each block of rows whole, front to back (the kernels ask for the next block's rows
 //! of their head as they read this block's); each segment keeps its own running maximum and
-//! sum, and the segments are merged in position order. The segments are fixed by
-//! position, so the result depends on neither the thread count nor where the pages lie.
+//! sum, and the segments are merged in position order. The segments depend on the positions
+//! a token sees alone ([`segment_len`]), so the result depends on neither the thread count nor
+//! where the pages lie.
 
 use super::{exp_sub_sum, max, weighted_values, Inputs, PvRows};
 use crate::kernels::gemv::block;
@@ -19,13 +20,25 @@ use rayon::ThreadPool;
 
 /// Most new tokens a split call takes (decode steps; a prefill has pairs enough to share).
 pub(super) const MAX_TOKENS: usize = 4;
-/// Fewest rows every token must see for the split (below, a segment or two per token would
-/// leave threads idle and the pairs' strided reads are cheap).
-pub(super) const MIN_ROWS: usize = 1024;
+/// Fewest rows every token must see for the split (below, the pairs' strided reads are
+/// cheap). From 256 rather than 1,024 since segments come in even counts: 12-layer Q4_K_M
+/// decode after a 512-token prompt, 2 threads, two runs each, the attention of a step took
+/// 1.64–1.67 / 1.90–1.95 / 1.95–1.96 ms against 1.87–1.96 / 2.09–2.10 / 2.29–2.32 by pairs, over
+/// its first, second and third 64 tokens.
+pub(super) const MIN_ROWS: usize = 256;
 /// Positions per segment: one task's share.
 const SEGMENT: usize = 256;
 /// Rows read as one block, all KV heads before the next block (32 rows of 1 KiB: L1-sized).
 const BLOCK: usize = 32;
+
+/// Positions per segment of a token that sees `len`: whole blocks, at most [`SEGMENT`], an
+/// even count of them up to 1,536 positions (beyond, the rounding to blocks may save one),
+/// so two workers get equal shares. Segments of [`SEGMENT`] from the front left 640 positions
+/// as 256 + 256 + 128, one worker with twice the other's rows.
+fn segment_len(len: usize) -> usize {
+    let count = 2 * len.div_ceil(2 * SEGMENT);
+    len.div_ceil(count.max(1)).next_multiple_of(BLOCK).max(BLOCK)
+}
 
 /// One segment's unnormalised result: per head the maximum scaled score, the sum of
 /// `exp(score − max)`, and the values weighted by those exponentials.
@@ -42,7 +55,8 @@ pub(super) fn attention(pool: &ThreadPool, inp: &Inputs<'_>, out: &mut [f32]) ->
     let tasks: Vec<(usize, usize, usize)> = (0..d.n_tokens)
         .flat_map(|t| {
             let (start, end) = inp.seen(t);
-            (start..end).step_by(SEGMENT).map(move |a| (t, a, (a + SEGMENT).min(end)))
+            let seg = segment_len(end - start);
+            (start..end).step_by(seg).map(move |a| (t, a, (a + seg).min(end)))
         })
         .collect();
     let parts: Vec<Partial> =
@@ -150,13 +164,27 @@ mod tests {
     }
 
     #[test]
+    fn segments_come_in_even_counts_of_whole_blocks() {
+        for len in (1..=2000).chain([4096, 4097, 5000]) {
+            let seg = segment_len(len);
+            let count = len.div_ceil(seg);
+            assert!(seg % BLOCK == 0 && seg <= SEGMENT.max(BLOCK), "{len}: segments of {seg}");
+            assert!(count == 1 || count % 2 == 0 || len > 1536, "{len}: {count} segments of {seg}");
+        }
+        assert_eq!(segment_len(640), 160);
+        assert_eq!(segment_len(4096), 256);
+        assert_eq!(segment_len(300), 160);
+    }
+
+    #[test]
     fn short_caches_prefills_and_quantized_caches_keep_the_pairs() {
         let d = |n_tokens, kv_len, window| AttentionDesc { n_tokens, n_heads: 8, n_kv_heads: 2, head_dim: 64, v_head_dim: 64, kv_len, scale: 1.0, window };
         let c = |dtype| KvCache { bytes: &[], dtype };
         let split = |dtype, d: &AttentionDesc| super::super::split_positions(c(dtype), c(dtype), d);
-        assert!(split(DType::F16, &d(1, 1024, None)));
-        assert!(!split(DType::F16, &d(1, 1023, None)));
-        assert!(!split(DType::F16, &d(1, 4096, Some(512))));
+        assert!(split(DType::F16, &d(1, 256, None)));
+        assert!(!split(DType::F16, &d(1, 255, None)));
+        assert!(split(DType::F16, &d(1, 4096, Some(512))));
+        assert!(!split(DType::F16, &d(1, 4096, Some(255))));
         assert!(!split(DType::F16, &d(MAX_TOKENS + 1, 4096, None)));
         assert!(!split(DType::Q8_0, &d(1, 4096, None)));
     }
