@@ -104,6 +104,7 @@ impl Linear {
         }
         Ok(())
     }
+
     /// `out_i = x · W_iᵀ + b_i` for every `(linear, out)` pair of `parts`, all over the same
     /// `n` rows of `x`, as one [`Backend::matmul_same_x`] call where every weight is on the
     /// device (a layer's q/k/v: one piece of work for the CPU pool, not three); each as
@@ -120,7 +121,7 @@ impl Linear {
             .map(|(l, out)| {
                 let desc = MatmulDesc::new(n, l.in_dim, l.out_dim);
                 reads::add(desc.m * l.w.dtype().row_bytes(desc.k));
-                MatmulPart { w: &l.w, bias: l.bias.as_ref(), out: &mut **out, desc }
+                MatmulPart { w: &l.w, bias: l.bias.as_ref(), out, desc }
             })
             .collect();
         be.matmul_same_x(x, &mut products)?;

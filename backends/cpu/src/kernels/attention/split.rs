@@ -168,7 +168,7 @@ mod tests {
         for len in (1..=2000).chain([4096, 4097, 5000]) {
             let seg = segment_len(len);
             let count = len.div_ceil(seg);
-            assert!(seg % BLOCK == 0 && seg <= SEGMENT.max(BLOCK), "{len}: segments of {seg}");
+            assert!(seg.is_multiple_of(BLOCK) && seg <= SEGMENT.max(BLOCK), "{len}: segments of {seg}");
             assert!(count == 1 || count % 2 == 0 || len > 1536, "{len}: {count} segments of {seg}");
         }
         assert_eq!(segment_len(640), 160);
