@@ -333,31 +333,29 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
-    /// Decode-sized parts (at most [`kernels::gemv::DECODE_TOKENS`] tokens) run as one list of
-    /// row chunks over the pool ([`kernels::matmul_many`]), so the workers finish together once
-    /// rather than once a product; larger ones one after another with the activations prepared
-    /// once ([`kernels::matmul_same_x`]). Each part gets the bits [`Backend::matmul`] gives it.
+    /// Parts over the same rows of `x` run as one [`kernels::matmul_same_x`] call (one list of
+    /// row chunks over the pool for decode-sized parts, one activation preparation for larger
+    /// ones); parts over different rows one [`kernels::matmul`] after another. Each part gets
+    /// the bits [`Backend::matmul`] gives it.
     fn matmul_same_x(&self, x: &DeviceBuffer, parts: &mut [MatmulPart<'_>]) -> Result<()> {
         let mut ops = Vec::with_capacity(parts.len());
         for p in parts.iter_mut() {
             ops.push((operands(x, p.w, p.bias, p.out, &p.desc)?, p.desc, p.w.dtype()));
         }
-        let few = ops.iter().all(|(_, d, _)| d.n <= kernels::gemv::DECODE_TOKENS);
-        let shared = ops.first().map(|(_, d, _)| (d.n, d.k, d.x_offset));
-        if few && ops.len() > 1 {
-            let mut items: Vec<kernels::ManyItem<'_>> = ops
-                .iter_mut()
-                .map(|(o, d, dtype)| kernels::ManyItem { x: &o.x, n: d.n, k: d.k, w: o.w, dtype: *dtype, m: d.m, out: &mut *o.out })
-                .collect();
-            kernels::matmul_many(&self.pool, self.simd, self.quant_dot, &mut items)?;
-        } else if let Some((n, k, _)) = shared.filter(|s| ops.iter().all(|(_, d, _)| (d.n, d.k, d.x_offset) == *s)) {
-            let xs = f32s(x, ops[0].1.x_offset, need(n, k, "x")?, "matmul x")?;
-            let mut items: Vec<kernels::SameX<'_>> =
-                ops.iter_mut().map(|(o, d, dtype)| kernels::SameX { w: o.w, dtype: *dtype, m: d.m, out: &mut *o.out }).collect();
-            kernels::matmul_same_x(Some(&self.pool), self.simd, self.quant_dot, &xs, n, k, &mut items)?;
-        } else {
-            for (o, d, dtype) in ops.iter_mut() {
-                kernels::matmul(Some(&self.pool), self.simd, self.quant_dot, &o.x, d.n, d.k, o.w, *dtype, d.m, o.out)?;
+        let rows = |d: &MatmulDesc| (d.n, d.k, d.x_offset);
+        match ops.first().map(|(_, d, _)| *d) {
+            Some(first) if ops.iter().all(|(_, d, _)| rows(d) == rows(&first)) => {
+                // The operands hold the same checked rows of `x`; these are borrowed apart
+                // from the outputs the items take.
+                let xs = f32s(x, first.x_offset, need(first.n, first.k, "x")?, "matmul x")?;
+                let mut items: Vec<kernels::SameX<'_>> =
+                    ops.iter_mut().map(|(o, d, dtype)| kernels::SameX { w: o.w, dtype: *dtype, m: d.m, out: &mut *o.out }).collect();
+                kernels::matmul_same_x(Some(&self.pool), self.simd, self.quant_dot, &xs, first.n, first.k, &mut items)?;
+            }
+            _ => {
+                for (o, d, dtype) in ops.iter_mut() {
+                    kernels::matmul(Some(&self.pool), self.simd, self.quant_dot, &o.x, d.n, d.k, o.w, *dtype, d.m, o.out)?;
+                }
             }
         }
         for (o, d, _) in ops {

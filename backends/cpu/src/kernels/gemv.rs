@@ -39,7 +39,7 @@ const DECODE_TASK_BYTES: usize = 32 << 10;
 /// (rayon's join per task then costs a few percent); 512 kept long matrices at their rate.
 const DECODE_TASKS: usize = 512;
 /// Most tokens a product has to count as decode-sized (memory-bound) in [`task_rows`].
-pub const DECODE_TOKENS: usize = 4;
+pub(super) const DECODE_TOKENS: usize = 4;
 
 /// `out[i, r - rows.start] = x[i, :] · w[r, :]` for `i < n` and `r` in `rows`, on the calling
 /// thread.

@@ -25,12 +25,18 @@ pub struct SameX<'a> {
     pub out: &'a mut [f32],
 }
 
-/// Products of the same activations one after another (an expert's gate and up products),
-/// each as [`super::gemv::matmul`] computes it, bit for bit, but the activations prepared for
-/// the block-quantized kernels once for a run of products of one weight type rather than
-/// once each: in a 512-token Q4_K_M prefill that preparation, the codes and sums of every
-/// token, held ~2.6 % of the samples.
+/// Products of the same activations (an expert's gate and up products, a layer's q/k/v),
+/// each as [`super::gemv::matmul`] computes it, bit for bit. Decode-sized ones (at most
+/// [`DECODE_TOKENS`]) on a pool of several workers run as one [`matmul_many`] list, so the
+/// workers finish together once rather than once a product. Larger ones run one after
+/// another with the activations prepared for the block-quantized kernels once for a run of
+/// products of one weight type rather than once each: in a 512-token Q4_K_M prefill that
+/// preparation, the codes and sums of every token, held ~2.6 % of the samples.
 pub fn matmul_same_x(pool: Option<&ThreadPool>, level: SimdLevel, dot: QuantDot, x: &[f32], n: usize, k: usize, items: &mut [SameX<'_>]) -> Result<()> {
+    if let Some(pool) = pool.filter(|p| p.current_num_threads() > 1 && n <= DECODE_TOKENS && items.len() > 1) {
+        let mut many: Vec<ManyItem<'_>> = items.iter_mut().map(|it| ManyItem { x, n, k, w: it.w, dtype: it.dtype, m: it.m, out: &mut *it.out }).collect();
+        return matmul_many(pool, level, dot, &mut many);
+    }
     let mut made = None;
     for it in items.iter_mut() {
         let item = ManyItem { x, n, k, w: it.w, dtype: it.dtype, m: it.m, out: &mut *it.out };
