@@ -273,7 +273,7 @@ kernel!(q4_k_rows, q4_k_blk, 256, 144, 8, 1.0);
 kernel!(q5_k_rows, q5_k_blk, 256, 176, 8, 1.0);
 kernel!(q6_k_rows, q6_k_blk, 256, 210, 16, 1.0);
 kernel!(mxfp4_rows, mxfp4_oct, 32, 17, 1, 0.5, 8, mxfp4_blk);
-kernel!(nvfp4_rows, nvfp4_blk, 256, 148, 32, 0.5);
+kernel!(nvfp4_rows, nvfp4_blk, 256, 148, 64, 0.5);
 
 /// A module `$m` holding, for the sums `$d` and target features `$feat`, one compiled driver
 /// and entry per type (`$r1` rows interleaved for one token: 1 for Q8_0, whose rows stream from

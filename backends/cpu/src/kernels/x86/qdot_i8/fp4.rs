@@ -60,18 +60,6 @@ pub(crate) fn e8m0_bits(code: u8) -> u32 {
     ((code as u32) << 23) | ((((code == 0) | (code == 255)) as u32) << 22)
 }
 
-/// Lanes 0 and 1 of `v` spread over lanes 0..4 and 4..8.
-#[inline(always)]
-unsafe fn halves(v: __m128) -> __m256 {
-    _mm256_permutevar8x32_ps(_mm256_castps128_ps256(v), _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1))
-}
-
-/// The two f32 at `p` (any alignment) as [`halves`].
-#[inline(always)]
-unsafe fn halves_at(p: *const f32) -> __m256 {
-    halves(_mm_castsi128_ps(_mm_loadl_epi64(p as *const __m128i)))
-}
-
 /// What a lane adds back for offset codes that met activations summing to `s`: `−OFFSET · s`,
 /// as the i32 bits the kernels add to their integer sums.
 fn taken_back(s: i32) -> f32 {
@@ -173,15 +161,70 @@ pub(crate) fn nvfp4_order(q: &mut [i8]) {
     }
 }
 
-/// NVFP4's extras for one token's codes `q` (in [`nvfp4_order`]): per run of 64 values and
-/// lane `l` of [`nvfp4_blk`]'s sums, `−OFFSET ·` the sum of the eight codes that lane meets
-/// (bytes `4l..4l + 4` of both halves), as i32 bits.
-pub(crate) fn nvfp4_extras(q: &[i8], out: &mut [f32]) {
-    for (o, run) in out.chunks_exact_mut(8).zip(q.chunks_exact(64)) {
-        for (l, o) in o.iter_mut().enumerate() {
+/// Extras [`nvfp4_blk`] reads per run of 64 values of one token.
+const NVFP4_EXTRAS: usize = 16;
+
+/// NVFP4's extras for one token's codes `q` (in [`nvfp4_order`]) and scales `d` (one per
+/// [`QK`] values, natural order): per run of 64 values, 16 values. First, for lane `l` of
+/// [`nvfp4_blk`]'s sums, `−OFFSET ·` the sum of the eight codes that lane meets (bytes
+/// `4l..4l + 4` of both halves), as i32 bits; then the lanes' activation scales, the run's
+/// first scale four times and its second four times, so the kernel reads them with one load
+/// where spreading two scales over the halves took three shuffles a run and token.
+pub(crate) fn nvfp4_extras(q: &[i8], d: &[f32], out: &mut [f32]) {
+    for ((o, run), d) in out.chunks_exact_mut(NVFP4_EXTRAS).zip(q.chunks_exact(64)).zip(d.chunks_exact(2)) {
+        let (sums, scales) = o.split_at_mut(8);
+        for (l, o) in sums.iter_mut().enumerate() {
             *o = taken_back(run[4 * l..][..4].iter().chain(&run[32 + 4 * l..][..4]).map(|&v| v as i32).sum());
         }
+        scales[..4].fill(d[0]);
+        scales[4..].fill(d[1]);
     }
+}
+
+/// Extras per token of `kp` values (a multiple of 64) for [`nvfp4_extras`].
+pub(crate) fn nvfp4_extras_len(kp: usize) -> usize {
+    kp / 64 * NVFP4_EXTRAS
+}
+
+/// The 16 E4M3 scales at `p` times `global` for [`nvfp4_blk`], register `c` holding groups
+/// `4c..4c + 4`, each over two lanes. The widened f16 codes ([`nvfp4_scales`]) are doubled
+/// in 16 bits before converting (two unpacks), where spreading the converted f32 took a
+/// lane-crossing permute per register; the NaN codes become f16 NaNs in the same pass, and
+/// `× 2⁸` meets `global` in one multiply: `2⁸·global` is exact while finite, so each scale
+/// rounds once, as `(v·2⁸)·global` does. Where only `2⁸·global` overflows, the scales take
+/// the reference's order through [`nvfp4_scales`].
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn nvfp4_spread_scales(p: *const u8, global: f32) -> [__m256; 4] {
+    let g256 = global * 256.0;
+    if global.is_finite() && !g256.is_finite() {
+        let gs = nvfp4_scales(p, global);
+        let (a, b) = (_mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3), _mm256_setr_epi32(4, 4, 5, 5, 6, 6, 7, 7));
+        return [
+            _mm256_permutevar8x32_ps(gs[0], a),
+            _mm256_permutevar8x32_ps(gs[0], b),
+            _mm256_permutevar8x32_ps(gs[1], a),
+            _mm256_permutevar8x32_ps(gs[1], b),
+        ];
+    }
+    let b = _mm256_cvtepu8_epi16(_mm_loadu_si128(p as *const __m128i));
+    let mag = _mm256_and_si256(b, _mm256_set1_epi16(0x7f));
+    let h = _mm256_or_si256(
+        _mm256_slli_epi16::<8>(_mm256_and_si256(b, _mm256_set1_epi16(0x80))),
+        _mm256_slli_epi16::<7>(mag),
+    );
+    // All exponent bits over the code's nonzero mantissa: an f16 NaN.
+    let nan = _mm256_and_si256(_mm256_cmpeq_epi16(mag, _mm256_set1_epi16(0x7f)), _mm256_set1_epi16(0x7c00));
+    let h = _mm256_or_si256(h, nan);
+    // Lane 0: groups 0..4 (lo), 4..8 (hi); lane 1: groups 8..12, 12..16.
+    let (lo, hi) = (_mm256_unpacklo_epi16(h, h), _mm256_unpackhi_epi16(h, h));
+    let g = _mm256_set1_ps(g256);
+    [
+        _mm256_mul_ps(_mm256_cvtph_ps(_mm256_castsi256_si128(lo)), g),
+        _mm256_mul_ps(_mm256_cvtph_ps(_mm256_castsi256_si128(hi)), g),
+        _mm256_mul_ps(_mm256_cvtph_ps(_mm256_extracti128_si256::<1>(lo)), g),
+        _mm256_mul_ps(_mm256_cvtph_ps(_mm256_extracti128_si256::<1>(hi)), g),
+    ]
 }
 
 /// NVFP4: `(e4m3(sc_g)·global) · d · Σ (2·e2m1)·a` per group of 16 (final `× ½`), 64 values a
@@ -189,33 +232,32 @@ pub(crate) fn nvfp4_extras(q: &[i8], out: &mut [f32]) {
 /// of [`nvfp4_order`] and add into one i32 vector whose lane pairs are the four groups, so
 /// each step converts and scales once instead of once per 32 values. The codes enter offset
 /// to unsigned ([`E2M1_OFFSET`]) and each lane's sum takes back `OFFSET ·` its activations'
-/// sum ([`nvfp4_extras`], at `a`): the same integers as signed codes with their signs moved
-/// onto the activations, in four instructions fewer a step and token.
+/// sum ([`nvfp4_extras`], at `a`, with the spread activation scales): the same integers as
+/// signed codes with their signs moved onto the activations, in four instructions fewer a
+/// step and token.
 #[inline(always)]
 pub(super) unsafe fn nvfp4_blk<D: Dot, const R: usize, const N: usize>(
     w: &[*const u8; R],
     q: &[*const i8; N],
-    d: &[*const f32; N],
+    _d: &[*const f32; N],
     a: &[*const f32; N],
     acc: &mut Acc<R, N>,
 ) {
     let (table, m4) = (e2m1_offset_table(), _mm256_set1_epi8(0x0f));
     for r in 0..R {
         let p = w[r];
-        let gs = nvfp4_scales(p.add(4), (p as *const f32).read_unaligned());
+        let sv = nvfp4_spread_scales(p.add(4), (p as *const f32).read_unaligned());
         for c in 0..4 {
             let v = _mm256_loadu_si256(p.add(20 + 32 * c) as *const __m256i);
             let lo = _mm256_shuffle_epi8(table, _mm256_and_si256(v, m4));
             let hi = _mm256_shuffle_epi8(table, _mm256_and_si256(_mm256_srli_epi16::<4>(v), m4));
-            // Groups 4c .. 4c + 4, each over two lanes.
-            let b = (4 * (c % 2)) as i32;
-            let pick = _mm256_setr_epi32(b, b, b + 1, b + 1, b + 2, b + 2, b + 3, b + 3);
-            let sv = _mm256_permutevar8x32_ps(gs[c / 2], pick);
             for t in 0..N {
-                // Lanes 0..4 take activation scale 2c, lanes 4..8 scale 2c + 1.
+                // Groups 4c .. 4c + 4, each over two lanes; lanes 0..4 take activation scale
+                // 2c, lanes 4..8 scale 2c + 1 (both spread in the extras).
+                let e = a[t].add(NVFP4_EXTRAS * c);
                 let dot = D::dot_u2(lo, lda(q[t], 64 * c), hi, lda(q[t], 64 * c + 32));
-                let dot = _mm256_add_epi32(dot, _mm256_loadu_si256(a[t].add(8 * c) as *const __m256i));
-                let scale = _mm256_mul_ps(sv, halves_at(d[t].add(2 * c)));
+                let dot = _mm256_add_epi32(dot, _mm256_loadu_si256(e as *const __m256i));
+                let scale = _mm256_mul_ps(sv[c], _mm256_loadu_ps(e.add(8)));
                 acc[r][t][c & 1] = _mm256_fmadd_ps(cvt(dot), scale, acc[r][t][c & 1]);
             }
         }

@@ -67,7 +67,7 @@ impl Isa {
     pub(crate) fn extras_len(self, dtype: DType, kp: usize) -> usize {
         debug_assert!(self.has_extras(dtype));
         match dtype {
-            DType::Nvfp4 => kp / 8,
+            DType::Nvfp4 => super::fp4::nvfp4_extras_len(kp),
             DType::Mxfp4 if !self.own_sums(dtype) => kp / QK,
             DType::Mxfp4 => kp / mxfp4_zmm::GROUP * mxfp4_zmm::EXTRAS,
             DType::Q6K => kp / dtype.block_elems() * q6_k_zmm::EXTRAS,
@@ -84,7 +84,7 @@ impl Isa {
         match dtype {
             DType::Nvfp4 => {
                 super::nvfp4_order(q);
-                super::fp4::nvfp4_extras(q, out);
+                super::fp4::nvfp4_extras(q, d, out);
             }
             DType::Mxfp4 if !self.own_sums(dtype) => {
                 super::fp4::mxfp4_extras(q, out);
