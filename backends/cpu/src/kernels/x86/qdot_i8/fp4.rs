@@ -60,6 +60,28 @@ pub(crate) fn e8m0_bits(code: u8) -> u32 {
     ((code as u32) << 23) | ((((code == 0) | (code == 255)) as u32) << 22)
 }
 
+/// [`e8m0_bits`] of the scale bytes of eight MXFP4 blocks from `p` (17 bytes apart), as f32
+/// lanes: the bytes gathered into one word in general registers, widened once.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn e8m0_x8(p: *const u8) -> __m256 {
+    let mut word = 0u64;
+    for b in 0..8 {
+        let mut v = *p.add(17 * b) as u64;
+        // SAFETY: an empty instruction on a register. It hides the byte from LLVM, which
+        // otherwise builds the word by byte inserts in vector registers (a load and a shuffle
+        // each, on the ports the kernel is bound by).
+        std::arch::asm!("/* {0} */", inout(reg) v, options(pure, nomem, nostack, preserves_flags));
+        word |= v << (8 * b);
+    }
+    let mut c = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(word as i64));
+    // SAFETY: as above, on a vector register: the compares below stay on the widened lanes,
+    // where LLVM would compare the bytes and widen the mask a second time.
+    std::arch::asm!("/* {0} */", inout(ymm_reg) c, options(pure, nomem, nostack, preserves_flags));
+    let special = _mm256_or_si256(_mm256_cmpeq_epi32(c, _mm256_setzero_si256()), _mm256_cmpeq_epi32(c, _mm256_set1_epi32(255)));
+    _mm256_castsi256_ps(_mm256_or_si256(_mm256_slli_epi32::<23>(c), _mm256_and_si256(special, _mm256_set1_epi32(1 << 22))))
+}
+
 /// What a lane adds back for offset codes that met activations summing to `s`: `−OFFSET · s`,
 /// as the i32 bits the kernels add to their integer sums.
 fn taken_back(s: i32) -> f32 {
@@ -94,19 +116,19 @@ pub(super) unsafe fn mxfp4_oct<D: Dot, const R: usize, const N: usize>(
         let p = w[r];
         // Blocks b and b + 4 side by side (codes after each block's scale byte). Written out:
         // as array maps, LLVM left them a call each.
-        let (mut y, mut lo, mut hi, mut e) = ([_mm256_setzero_si256(); 4], [_mm256_setzero_si256(); 4], [_mm256_setzero_si256(); 4], [0i32; 8]);
+        let (mut y, mut lo, mut hi) = ([_mm256_setzero_si256(); 4], [_mm256_setzero_si256(); 4], [_mm256_setzero_si256(); 4]);
         for b in 0..4 {
-            y[b] = _mm256_loadu2_m128i(p.add(17 * (b + 4) + 1) as *const __m128i, p.add(17 * b + 1) as *const __m128i);
+            // Two whole-register loads and a blend: the upper lane read 16 bytes early lands
+            // on block b + 4's codes. An insert would take a shuffle port.
+            let (l, h) = (_mm256_loadu_si256(p.add(17 * b + 1) as *const __m256i), _mm256_loadu_si256(p.add(17 * b + 53) as *const __m256i));
+            y[b] = _mm256_blend_epi32::<0xF0>(l, h);
         }
         let z = dwords_4x4(y);
         for i in 0..4 {
             lo[i] = _mm256_shuffle_epi8(table, _mm256_and_si256(z[i], m4));
             hi[i] = _mm256_shuffle_epi8(table, _mm256_and_si256(_mm256_srli_epi16::<4>(z[i]), m4));
         }
-        for (b, e) in e.iter_mut().enumerate() {
-            *e = e8m0_bits(*p.add(17 * b)) as i32;
-        }
-        let ev = _mm256_castsi256_ps(_mm256_loadu_si256(e.as_ptr() as *const __m256i));
+        let ev = e8m0_x8(p);
         for t in 0..N {
             let sums = _mm256_add_epi32(D::blocks8_sums_u24(&lo, &hi, q[t]), _mm256_loadu_si256(a[t] as *const __m256i));
             let sums = cvt(sums);

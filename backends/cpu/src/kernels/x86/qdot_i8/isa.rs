@@ -207,7 +207,20 @@ unsafe fn k4_sums<D: Dot + ?Sized>(l: &[__m256i; 4], h: &[__m256i; 4], a: *const
 /// `[x.low + x.high | y.low + y.high]` of 128-bit halves, in 32-bit lanes.
 #[inline(always)]
 unsafe fn halves_epi32(x: __m256i, y: __m256i) -> __m256i {
-    _mm256_add_epi32(_mm256_permute2x128_si256::<0x20>(x, y), _mm256_permute2x128_si256::<0x31>(x, y))
+    _mm256_add_epi32(outer_halves(x, y), inner_halves(x, y))
+}
+
+/// `[x.low | y.high]`: a blend, which any vector port takes (the lane insert LLVM makes of
+/// `vperm2i128 0x20` takes a shuffle port, and the kernels here are bound by those).
+#[inline(always)]
+unsafe fn outer_halves(x: __m256i, y: __m256i) -> __m256i {
+    _mm256_blend_epi32::<0xF0>(x, y)
+}
+
+/// `[x.high | y.low]`, which with [`outer_halves`] holds each register's two halves in one lane.
+#[inline(always)]
+unsafe fn inner_halves(x: __m256i, y: __m256i) -> __m256i {
+    _mm256_permute2x128_si256::<0x21>(x, y)
 }
 
 /// The 16-bit pair sums of a Q4_K or Q5_K block's four `l` registers and of its four `h`
@@ -294,7 +307,7 @@ impl Dot for Madd {
     #[inline(always)]
     unsafe fn q4_k_sums(l: &[__m256i; 4], h: &[__m256i; 4], a: *const i8) -> __m256i {
         let (lo, hi) = k4_pairs16(l, h, a);
-        let pairs = _mm256_add_epi16(_mm256_permute2x128_si256::<0x20>(lo, hi), _mm256_permute2x128_si256::<0x31>(lo, hi));
+        let pairs = _mm256_add_epi16(outer_halves(lo, hi), inner_halves(lo, hi));
         _mm256_madd_epi16(pairs, _mm256_set1_epi16(1))
     }
     /// [`Dot::q5_k_sums`] with the four registers of `l` (of `h`) added in 16 bits: 8 products
