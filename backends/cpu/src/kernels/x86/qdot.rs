@@ -550,21 +550,30 @@ unsafe fn fp8_blk<const R: usize, const N: usize>(
     _a: &[*const f32; N],
     acc: &mut Acc<R, N>,
 ) {
-    let (zero, keep) = (_mm_setzero_si128(), _mm_set1_epi16(!0x4000));
+    let (zero, keep) = (_mm256_setzero_si256(), _mm256_set1_epi16(!0x4000));
     for r in 0..R {
         let p = w[r];
         let sv = _mm256_set1_ps((p as *const f32).read_unaligned() * 256.0);
         let (mut s0, mut s1) = ([_mm256_setzero_ps(); N], [_mm256_setzero_ps(); N]);
-        for i in 0..8 {
-            let c = _mm_loadu_si128(p.add(4 + 16 * i) as *const __m128i);
+        for i in 0..4 {
+            let c = _mm256_loadu_si256(p.add(4 + 32 * i) as *const __m256i);
             // c << 8, shifted right arithmetically by one: the sign lands in bits 15 and 14,
-            // the rest in 13..7; clearing bit 14 leaves the f16 bits.
-            let lo = _mm_and_si128(_mm_srai_epi16::<1>(_mm_unpacklo_epi8(zero, c)), keep);
-            let hi = _mm_and_si128(_mm_srai_epi16::<1>(_mm_unpackhi_epi8(zero, c)), keep);
-            let (f0, f1) = (_mm256_cvtph_ps(lo), _mm256_cvtph_ps(hi));
+            // the rest in 13..7; clearing bit 14 leaves the f16 bits. On whole registers
+            // (lane 0 codes 0..16, lane 1 codes 16..32), half the unpacks and shifts of one
+            // 16-byte step at a time, for two lane extracts.
+            let lo = _mm256_and_si256(_mm256_srai_epi16::<1>(_mm256_unpacklo_epi8(zero, c)), keep);
+            let hi = _mm256_and_si256(_mm256_srai_epi16::<1>(_mm256_unpackhi_epi8(zero, c)), keep);
+            let f = [
+                _mm256_cvtph_ps(_mm256_castsi256_si128(lo)),
+                _mm256_cvtph_ps(_mm256_castsi256_si128(hi)),
+                _mm256_cvtph_ps(_mm256_extracti128_si256::<1>(lo)),
+                _mm256_cvtph_ps(_mm256_extracti128_si256::<1>(hi)),
+            ];
             for t in 0..N {
-                s0[t] = _mm256_fmadd_ps(f0, ldx(x[t], 16 * i), s0[t]);
-                s1[t] = _mm256_fmadd_ps(f1, ldx(x[t], 16 * i + 8), s1[t]);
+                s0[t] = _mm256_fmadd_ps(f[0], ldx(x[t], 32 * i), s0[t]);
+                s1[t] = _mm256_fmadd_ps(f[1], ldx(x[t], 32 * i + 8), s1[t]);
+                s0[t] = _mm256_fmadd_ps(f[2], ldx(x[t], 32 * i + 16), s0[t]);
+                s1[t] = _mm256_fmadd_ps(f[3], ldx(x[t], 32 * i + 24), s1[t]);
             }
         }
         for t in 0..N {
