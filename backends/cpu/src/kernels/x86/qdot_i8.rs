@@ -40,7 +40,7 @@ pub(crate) use isa::Isa;
 use isa::{Avx512Gfni, Avx512Vnni, AvxVnni, Dot, Madd};
 pub(crate) use fp4::nvfp4_order;
 #[cfg(test)]
-pub(crate) use fp4::e8m0_bits;
+pub(crate) use fp4::e8m0_x8;
 use ft_backend::quant::e8m0_to_f32;
 use ft_backend::DType;
 use std::arch::x86_64::*;

@@ -53,18 +53,13 @@ pub(super) unsafe fn mxfp4_blk<D: Dot, const R: usize, const N: usize>(
     }
 }
 
-/// `2^e` of an E8M0 code as f32 bits, as [`e8m0_to_f32`] decodes it, in arithmetic only:
-/// code 0 is 2⁻¹²⁷ (bit 22 alone) and 255 a NaN (all exponent bits and bit 22).
-#[inline(always)]
-pub(crate) fn e8m0_bits(code: u8) -> u32 {
-    ((code as u32) << 23) | ((((code == 0) | (code == 255)) as u32) << 22)
-}
-
-/// [`e8m0_bits`] of the scale bytes of eight MXFP4 blocks from `p` (17 bytes apart), as f32
-/// lanes: the bytes gathered into one word in general registers, widened once.
+/// `2^e` of the E8M0 scale bytes of eight MXFP4 blocks from `p` (17 bytes apart), as f32
+/// lanes, as [`e8m0_to_f32`] decodes them, in arithmetic only: `code << 23`, code 0 being
+/// 2⁻¹²⁷ (bit 22 alone) and 255 a NaN (all exponent bits and bit 22). The bytes are gathered
+/// into one word in general registers and widened once.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn e8m0_x8(p: *const u8) -> __m256 {
+pub(crate) unsafe fn e8m0_x8(p: *const u8) -> __m256 {
     let mut word = 0u64;
     for b in 0..8 {
         let mut v = *p.add(17 * b) as u64;

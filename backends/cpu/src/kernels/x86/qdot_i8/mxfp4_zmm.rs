@@ -135,7 +135,7 @@ unsafe fn step<const N: usize>(j: &Job, p0: *const u8, g: usize, c: Consts, acc:
     // Bytes 64..68 only: a full load could read past the last row.
     let z1 = _mm512_maskz_loadu_epi8(0xf, p.add(64) as *const i8);
     let codes = _mm512_permutex2var_epi8(z0, c.gather, z1);
-    // Each block's exponent in byte 0 of its four lanes, then as f32 bits (`e8m0_bits`).
+    // Each block's exponent in byte 0 of its four lanes, then as f32 bits (as `fp4::e8m0_x8`).
     let e = exponents(c.exps, z0);
     // Codes 0 and 255 are the two with `e − 1 ≥ 254` (unsigned): one compare, not two.
     let odd = _mm512_cmpge_epu32_mask(_mm512_sub_epi32(e, _mm512_set1_epi32(1)), _mm512_set1_epi32(254));
