@@ -478,19 +478,26 @@ unsafe fn q4_0_oct<D: Dot, const R: usize, const N: usize>(
         let p = w[r];
         // Blocks b and b + 4 side by side (codes after each block's f16 scale). Written out:
         // array maps can cost a call each.
-        let (mut y, mut lo, mut hi, mut h) = ([_mm256_setzero_si256(); 4], [_mm256_setzero_si256(); 4], [_mm256_setzero_si256(); 4], [0u16; 8]);
+        let (mut y, mut lo, mut hi, mut h) = ([_mm256_setzero_si256(); 4], [_mm256_setzero_si256(); 4], [_mm256_setzero_si256(); 4], [0u64; 2]);
         for b in 0..4 {
-            y[b] = _mm256_loadu2_m128i(p.add(18 * (b + 4) + 2) as *const __m128i, p.add(18 * b + 2) as *const __m128i);
+            // Two whole-register loads and a blend, as for MXFP4 ([`fp4::mxfp4_oct`]).
+            let (l, u) = (_mm256_loadu_si256(p.add(18 * b + 2) as *const __m256i), _mm256_loadu_si256(p.add(18 * b + 58) as *const __m256i));
+            y[b] = _mm256_blend_epi32::<0xF0>(l, u);
         }
         let z = dwords_4x4(y);
         for i in 0..4 {
             lo[i] = _mm256_and_si256(z[i], m4);
             hi[i] = _mm256_and_si256(_mm256_srli_epi16::<4>(z[i]), m4);
         }
-        for (b, h) in h.iter_mut().enumerate() {
-            *h = (p.add(18 * b) as *const u16).read_unaligned();
+        // The eight f16 scales, four to a word in general registers (as `fp4::e8m0_x8`).
+        for b in 0..8 {
+            let mut v = (p.add(18 * b) as *const u16).read_unaligned() as u64;
+            // SAFETY: an empty instruction on a register, which keeps LLVM from inserting the
+            // scales into a vector one by one.
+            std::arch::asm!("/* {0} */", inout(reg) v, options(pure, nomem, nostack, preserves_flags));
+            h[b / 4] |= v << (16 * (b % 4));
         }
-        let dw = _mm256_cvtph_ps(_mm_loadu_si128(h.as_ptr() as *const __m128i));
+        let dw = _mm256_cvtph_ps(_mm_set_epi64x(h[1] as i64, h[0] as i64));
         let dw8 = _mm256_mul_ps(dw, _mm256_set1_ps(8.0));
         for t in 0..N {
             let v = _mm256_fmadd_ps(cvt(D::blocks8_sums(&lo, &hi, q[t])), _mm256_mul_ps(dw, _mm256_loadu_ps(d[t])), acc[r][t][0]);
