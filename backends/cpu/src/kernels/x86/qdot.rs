@@ -559,8 +559,8 @@ unsafe fn fp8_blk<const R: usize, const N: usize>(
             let c = _mm256_loadu_si256(p.add(4 + 32 * i) as *const __m256i);
             // c << 8, shifted right arithmetically by one: the sign lands in bits 15 and 14,
             // the rest in 13..7; clearing bit 14 leaves the f16 bits. On whole registers
-            // (lane 0 codes 0..16, lane 1 codes 16..32), half the unpacks and shifts of one
-            // 16-byte step at a time, for two lane extracts.
+            // (lane 0 codes 0..16, lane 1 codes 16..32): half the unpacks and shifts of
+            // 16-byte steps, at the cost of two lane extracts.
             let lo = _mm256_and_si256(_mm256_srai_epi16::<1>(_mm256_unpacklo_epi8(zero, c)), keep);
             let hi = _mm256_and_si256(_mm256_srai_epi16::<1>(_mm256_unpackhi_epi8(zero, c)), keep);
             let f = [

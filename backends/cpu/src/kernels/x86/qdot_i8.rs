@@ -177,6 +177,17 @@ unsafe fn cvt(v: __m256i) -> __m256 {
     _mm256_cvtepi32_ps(v)
 }
 
+/// `v`, through an empty instruction LLVM cannot see into. Scales read one by one and
+/// gathered into a word in general registers stay there: on seeing the loads, LLVM builds the
+/// word by inserting them into a vector one at a time, a load and a shuffle each, on the
+/// shuffle ports the one-token kernels are bound by.
+#[inline(always)]
+fn opaque(mut v: u64) -> u64 {
+    // SAFETY: an empty asm block on one register: it reads and writes nothing else.
+    unsafe { std::arch::asm!("/* {0} */", inout(reg) v, options(pure, nomem, nostack, preserves_flags)) };
+    v
+}
+
 /// `vpermps` as written. Given a constant index, LLVM rewrites the intrinsic as `vshufps` and
 /// `vpermpd`, two instructions where one does; the index, a loop constant, stays in a register.
 /// One warm thread at 1/2/4 tokens: Q4_K 25.3/16.5/9.5 → 26.5/17.8/10.2 GB/s of weights, Q5_K
@@ -489,13 +500,9 @@ unsafe fn q4_0_oct<D: Dot, const R: usize, const N: usize>(
             lo[i] = _mm256_and_si256(z[i], m4);
             hi[i] = _mm256_and_si256(_mm256_srli_epi16::<4>(z[i]), m4);
         }
-        // The eight f16 scales, four to a word in general registers (as `fp4::e8m0_x8`).
+        // The eight f16 scales, four to a word in general registers.
         for b in 0..8 {
-            let mut v = (p.add(18 * b) as *const u16).read_unaligned() as u64;
-            // SAFETY: an empty instruction on a register, which keeps LLVM from inserting the
-            // scales into a vector one by one.
-            std::arch::asm!("/* {0} */", inout(reg) v, options(pure, nomem, nostack, preserves_flags));
-            h[b / 4] |= v << (16 * (b % 4));
+            h[b / 4] |= opaque((p.add(18 * b) as *const u16).read_unaligned() as u64) << (16 * (b % 4));
         }
         let dw = _mm256_cvtph_ps(_mm_set_epi64x(h[1] as i64, h[0] as i64));
         let dw8 = _mm256_mul_ps(dw, _mm256_set1_ps(8.0));

@@ -56,22 +56,18 @@ pub(super) unsafe fn mxfp4_blk<D: Dot, const R: usize, const N: usize>(
 /// `2^e` of the E8M0 scale bytes of eight MXFP4 blocks from `p` (17 bytes apart), as f32
 /// lanes, as [`e8m0_to_f32`] decodes them, in arithmetic only: `code << 23`, code 0 being
 /// 2⁻¹²⁷ (bit 22 alone) and 255 a NaN (all exponent bits and bit 22). The bytes are gathered
-/// into one word in general registers and widened once.
+/// into one word in general registers ([`opaque`]) and widened once.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) unsafe fn e8m0_x8(p: *const u8) -> __m256 {
     let mut word = 0u64;
     for b in 0..8 {
-        let mut v = *p.add(17 * b) as u64;
-        // SAFETY: an empty instruction on a register. It hides the byte from LLVM, which
-        // otherwise builds the word by byte inserts in vector registers (a load and a shuffle
-        // each, on the ports the kernel is bound by).
-        std::arch::asm!("/* {0} */", inout(reg) v, options(pure, nomem, nostack, preserves_flags));
-        word |= v << (8 * b);
+        word |= opaque(*p.add(17 * b) as u64) << (8 * b);
     }
     let mut c = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(word as i64));
-    // SAFETY: as above, on a vector register: the compares below stay on the widened lanes,
-    // where LLVM would compare the bytes and widen the mask a second time.
+    // SAFETY: an empty asm block on one vector register, as in `opaque`: the compares below
+    // stay on the widened lanes, where LLVM would compare the bytes and widen the mask a
+    // second time.
     std::arch::asm!("/* {0} */", inout(ymm_reg) c, options(pure, nomem, nostack, preserves_flags));
     let special = _mm256_or_si256(_mm256_cmpeq_epi32(c, _mm256_setzero_si256()), _mm256_cmpeq_epi32(c, _mm256_set1_epi32(255)));
     _mm256_castsi256_ps(_mm256_or_si256(_mm256_slli_epi32::<23>(c), _mm256_and_si256(special, _mm256_set1_epi32(1 << 22))))
@@ -132,37 +128,6 @@ pub(super) unsafe fn mxfp4_oct<D: Dot, const R: usize, const N: usize>(
     }
 }
 
-/// The 16 E4M3 scales at `p` times `global`, as f32 (scales 0..8, then 8..16), equal to the
-/// reference's `e4m3_to_f32(sc) · global`: E4M3 widens exactly to f16 (sign to bit 15, the
-/// other seven bits up by 7, which reads as the value · 2⁻⁸, subnormals included), so
-/// `vcvtph2ps` and an exact `× 2⁸` decode them; the NaN codes (±0x7f) are put back.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn nvfp4_scales(p: *const u8, global: f32) -> [__m256; 2] {
-    let b = _mm256_cvtepu8_epi16(_mm_loadu_si128(p as *const __m128i));
-    let mag = _mm256_and_si256(b, _mm256_set1_epi16(0x7f));
-    let h = _mm256_or_si256(
-        _mm256_slli_epi16::<8>(_mm256_and_si256(b, _mm256_set1_epi16(0x80))),
-        _mm256_slli_epi16::<7>(mag),
-    );
-    let nan = _mm256_cmpeq_epi16(mag, _mm256_set1_epi16(0x7f));
-    [
-        e4m3_half(_mm256_castsi256_si128(h), _mm256_castsi256_si128(nan), global),
-        e4m3_half(_mm256_extracti128_si256::<1>(h), _mm256_extracti128_si256::<1>(nan), global),
-    ]
-}
-
-/// Eight widened scales of [`nvfp4_scales`] (`h` the f16 bits, `nan` all-ones where the code
-/// was NaN) as f32 times `global`.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn e4m3_half(h: __m128i, nan: __m128i, global: f32) -> __m256 {
-    let v = _mm256_mul_ps(_mm256_cvtph_ps(h), _mm256_set1_ps(256.0));
-    let nan = _mm256_castsi256_ps(_mm256_cvtepi16_epi32(nan));
-    let v = _mm256_blendv_ps(v, _mm256_set1_ps(f32::NAN), nan);
-    _mm256_mul_ps(v, _mm256_set1_ps(global))
-}
-
 /// The order [`nvfp4_blk`] reads a token's int8 activations in: in each run of 64 values the
 /// even-indexed ones, then the odd-indexed ones. A byte of NVFP4 holds values `2i` (low nibble)
 /// and `2i + 1` (high), so 32 bytes split by one mask and one shift into the even values and
@@ -204,44 +169,45 @@ pub(crate) fn nvfp4_extras_len(kp: usize) -> usize {
 }
 
 /// The 16 E4M3 scales at `p` times `global` for [`nvfp4_blk`], register `c` holding groups
-/// `4c..4c + 4`, each over two lanes. The widened f16 codes ([`nvfp4_scales`]) are doubled
-/// in 16 bits before converting (two unpacks), where spreading the converted f32 took a
-/// lane-crossing permute per register; the NaN codes become f16 NaNs in the same pass, and
-/// `× 2⁸` meets `global` in one multiply: `2⁸·global` is exact while finite, so each scale
-/// rounds once, as `(v·2⁸)·global` does. Where only `2⁸·global` overflows, the scales take
-/// the reference's order through [`nvfp4_scales`].
+/// `4c..4c + 4`, each over two lanes, equal to the reference's `e4m3_to_f32(sc) · global`.
+/// E4M3 widens exactly to f16 (sign to bit 15, the other seven bits up by 7, which reads as
+/// the value · 2⁻⁸, subnormals included), so `vcvtph2ps` and an exact `× 2⁸` decode them; the
+/// NaN codes (±0x7f) get all five exponent bits, an f16 NaN. The f16 codes are doubled in 16
+/// bits before converting (two unpacks), where spreading converted f32 took a lane-crossing
+/// permute per register. `2⁸·global` is exact while finite, so one multiply by it rounds each
+/// scale once, as `(v·2⁸)·global` does; where only `2⁸·global` overflows, the scales take
+/// that order.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn nvfp4_spread_scales(p: *const u8, global: f32) -> [__m256; 4] {
-    let g256 = global * 256.0;
-    if global.is_finite() && !g256.is_finite() {
-        let gs = nvfp4_scales(p, global);
-        let (a, b) = (_mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3), _mm256_setr_epi32(4, 4, 5, 5, 6, 6, 7, 7));
-        return [
-            _mm256_permutevar8x32_ps(gs[0], a),
-            _mm256_permutevar8x32_ps(gs[0], b),
-            _mm256_permutevar8x32_ps(gs[1], a),
-            _mm256_permutevar8x32_ps(gs[1], b),
-        ];
-    }
     let b = _mm256_cvtepu8_epi16(_mm_loadu_si128(p as *const __m128i));
     let mag = _mm256_and_si256(b, _mm256_set1_epi16(0x7f));
     let h = _mm256_or_si256(
         _mm256_slli_epi16::<8>(_mm256_and_si256(b, _mm256_set1_epi16(0x80))),
         _mm256_slli_epi16::<7>(mag),
     );
-    // All exponent bits over the code's nonzero mantissa: an f16 NaN.
     let nan = _mm256_and_si256(_mm256_cmpeq_epi16(mag, _mm256_set1_epi16(0x7f)), _mm256_set1_epi16(0x7c00));
     let h = _mm256_or_si256(h, nan);
     // Lane 0: groups 0..4 (lo), 4..8 (hi); lane 1: groups 8..12, 12..16.
     let (lo, hi) = (_mm256_unpacklo_epi16(h, h), _mm256_unpackhi_epi16(h, h));
+    let v = [
+        _mm256_cvtph_ps(_mm256_castsi256_si128(lo)),
+        _mm256_cvtph_ps(_mm256_castsi256_si128(hi)),
+        _mm256_cvtph_ps(_mm256_extracti128_si256::<1>(lo)),
+        _mm256_cvtph_ps(_mm256_extracti128_si256::<1>(hi)),
+    ];
+    let g256 = global * 256.0;
+    if global.is_finite() && !g256.is_finite() {
+        let (k, g) = (_mm256_set1_ps(256.0), _mm256_set1_ps(global));
+        return [
+            _mm256_mul_ps(_mm256_mul_ps(v[0], k), g),
+            _mm256_mul_ps(_mm256_mul_ps(v[1], k), g),
+            _mm256_mul_ps(_mm256_mul_ps(v[2], k), g),
+            _mm256_mul_ps(_mm256_mul_ps(v[3], k), g),
+        ];
+    }
     let g = _mm256_set1_ps(g256);
-    [
-        _mm256_mul_ps(_mm256_cvtph_ps(_mm256_castsi256_si128(lo)), g),
-        _mm256_mul_ps(_mm256_cvtph_ps(_mm256_castsi256_si128(hi)), g),
-        _mm256_mul_ps(_mm256_cvtph_ps(_mm256_extracti128_si256::<1>(lo)), g),
-        _mm256_mul_ps(_mm256_cvtph_ps(_mm256_extracti128_si256::<1>(hi)), g),
-    ]
+    [_mm256_mul_ps(v[0], g), _mm256_mul_ps(v[1], g), _mm256_mul_ps(v[2], g), _mm256_mul_ps(v[3], g)]
 }
 
 /// NVFP4: `(e4m3(sc_g)·global) · d · Σ (2·e2m1)·a` per group of 16 (final `× ½`), 64 values a
