@@ -250,86 +250,66 @@ fn prepared_shape_errors() {
     assert!(block(SimdLevel::Auto, QuantDot::Int8, &x, k, 2, k, &w, dtype, 4, &mut out[..6], 4).is_err());
 }
 
-/// NVFP4's scales are decoded in vectors (E4M3 widened through f16): blocks whose 16 scales
-/// run through all 256 codes (subnormals, ±448, the NaN codes) against the scalar decode,
-/// with int8-representable activations, in every instruction variant.
-#[test]
-fn nvfp4_every_scale_code() {
-    if !avx2() {
-        eprintln!("skipped: the int8 kernels need AVX2");
-        return;
-    }
+/// NVFP4 rows of `k` values, global scale `global`, group scale codes from `code(row, group)`
+/// and random E2M1 codes, against one token of int8-representable activations times
+/// `x_scale`, in every instruction variant: each result within `1e-6 · Σ|x·w|` of the scalar
+/// decode's product, finite, or NaN where that is NaN.
+fn nvfp4_against_decode(test: &str, k: usize, nrows: usize, global: f32, x_scale: f32, mut rng: Rng, code: impl Fn(usize, usize, &mut Rng) -> u8) {
     let dtype = DType::Nvfp4;
-    let (k, nrows) = (256, 16);
-    let rb = dtype.row_bytes(k);
-    let mut rng = Rng::new(0x18d);
-    let mut raw = vec![0u8; nrows * rb];
-    for r in 0..nrows {
-        let row = &mut raw[r * rb..][..rb];
-        row[..4].copy_from_slice(&0.75f32.to_le_bytes());
+    let blocks = k / dtype.block_elems();
+    let mut raw = vec![0u8; nrows * dtype.row_bytes(k)];
+    for (i, blk) in raw.chunks_exact_mut(148).enumerate() {
+        blk[..4].copy_from_slice(&global.to_le_bytes());
         for g in 0..16 {
-            row[4 + g] = (16 * r + g) as u8;
+            blk[4 + g] = code(i / blocks, g, &mut rng);
         }
-        for b in &mut row[20..] {
+        for b in &mut blk[20..] {
             *b = rng.next_u64() as u8;
         }
     }
     let mut dec = vec![0f32; nrows * k];
     super::super::elementwise::decode_scalar(&raw, dtype, &mut dec);
-    let x: Vec<f32> = (0..k).map(|p| if p % 32 == 0 { 127.0 } else { (rng.next_u64() % 255) as f32 - 127.0 }).collect();
-    for isa in isas("nvfp4_every_scale_code") {
+    let x: Vec<f32> = (0..k).map(|p| if p % 32 == 0 { 127.0 } else { (rng.next_u64() % 255) as f32 - 127.0 } * x_scale).collect();
+    for isa in isas(test) {
         let mut out = vec![0f32; nrows];
         int8_block(isa, &x, k, 1, k, &raw, dtype, nrows, &mut out, nrows);
         for r in 0..nrows {
             let (want, mag) = super::tests::exact_dot(&x, &dec[r * k..][..k]);
             let got = out[r] as f64;
             if want.is_nan() {
-                assert!(got.is_nan(), "{isa:?} row {r}: a NaN scale must give NaN, got {got}");
+                assert!(got.is_nan(), "{test}: {isa:?} row {r}: a NaN scale must give NaN, got {got}");
             } else {
-                assert!((got - want).abs() <= 1e-6 * mag, "{isa:?} row {r}: got {got}, want {want}");
+                assert!(got.is_finite() && (got - want).abs() <= 1e-6 * mag, "{test}: {isa:?} row {r}: got {got}, want {want}");
             }
         }
     }
 }
 
+/// NVFP4's scales are decoded in vectors (E4M3 widened through f16): blocks whose 16 scales
+/// run through all 256 codes (subnormals, ±448, the NaN codes).
+#[test]
+fn nvfp4_every_scale_code() {
+    if !avx2() {
+        eprintln!("skipped: the int8 kernels need AVX2");
+        return;
+    }
+    nvfp4_against_decode("nvfp4_every_scale_code", 256, 16, 0.75, 1.0, Rng::new(0x18d), |r, g, _| (16 * r + g) as u8);
+}
+
 /// A global scale whose `2⁸·global` overflows while the scales times it do not takes the
 /// reference's order of multiplications (the kernel folds `2⁸` into the global otherwise):
-/// scale codes up to 1.875 in magnitude against a global of 2·10³⁶, every int8 variant.
+/// scale codes up to 1.875 in magnitude against a global of 2·10³⁶, activations small enough
+/// to keep every partial sum finite in f32.
 #[test]
 fn nvfp4_global_past_the_fold() {
     if !avx2() {
         eprintln!("skipped: the int8 kernels need AVX2");
         return;
     }
-    let dtype = DType::Nvfp4;
-    let (k, nrows) = (512, 8);
-    let rb = dtype.row_bytes(k);
-    let mut rng = Rng::new(0x18f);
-    let mut raw = vec![0u8; nrows * rb];
-    for row in raw.chunks_exact_mut(148) {
-        row[..4].copy_from_slice(&2e36f32.to_le_bytes());
-        for g in 0..16 {
-            // Exponent field at most 7 (values below 2), either sign.
-            row[4 + g] = (rng.next_u64() as u8 & 0x3f) | (rng.next_u64() as u8 & 0x80);
-        }
-        for b in &mut row[20..] {
-            *b = rng.next_u64() as u8;
-        }
-    }
     assert!((2e36f32 * 256.0).is_infinite());
-    let mut dec = vec![0f32; nrows * k];
-    super::super::elementwise::decode_scalar(&raw, dtype, &mut dec);
-    // Small activations keep every partial sum finite in f32.
-    let x: Vec<f32> = (0..k).map(|p| if p % 32 == 0 { 127.0 } else { (rng.next_u64() % 255) as f32 - 127.0 } * 2f32.powi(-20)).collect();
-    for isa in isas("nvfp4_global_past_the_fold") {
-        let mut out = vec![0f32; nrows];
-        int8_block(isa, &x, k, 1, k, &raw, dtype, nrows, &mut out, nrows);
-        for r in 0..nrows {
-            let (want, mag) = super::tests::exact_dot(&x, &dec[r * k..][..k]);
-            let got = out[r] as f64;
-            assert!(got.is_finite() && (got - want).abs() <= 1e-6 * mag, "{isa:?} row {r}: got {got}, want {want}");
-        }
-    }
+    // Exponent field at most 7 (values below 2), either sign.
+    let code = |_: usize, _: usize, rng: &mut Rng| (rng.next_u64() as u8 & 0x3f) | (rng.next_u64() as u8 & 0x80);
+    nvfp4_against_decode("nvfp4_global_past_the_fold", 512, 8, 2e36, 2f32.powi(-20), Rng::new(0x18f), code);
 }
 
 /// The branch-free E8M0 decode of the AVX2 MXFP4 kernel (eight blocks' scale bytes, 17 bytes
