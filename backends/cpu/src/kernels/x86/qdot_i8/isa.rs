@@ -2,7 +2,7 @@
 //! between them ([`Dot`]): the sums of byte products, the unpacking of packed nibbles and of
 //! Q4_K/Q5_K block scales.
 
-use super::super::qdot::{f16x2, k4_scales};
+use super::super::qdot::k4_scales;
 use super::{mxfp4_zmm, q6_k_zmm, q8_0u_extras, QK};
 use ft_backend::DType;
 use std::arch::x86_64::*;
@@ -235,13 +235,16 @@ unsafe fn k4_pairs16(l: &[__m256i; 4], h: &[__m256i; 4], a: *const i8) -> (__m25
 }
 
 /// [`Dot::k4_scaled`] through general registers: the 6-bit fields gathered by shifts and
-/// masks on three 32-bit words ([`k4_scales`]), then widened and scaled.
+/// masks on three 32-bit words ([`k4_scales`]), then widened and scaled. `d` and `dmin` are
+/// loaded side by side into every 64-bit lane and converted together; an in-lane duplicate
+/// then spreads each, where broadcasting two converted scalars took a lane-crossing shuffle
+/// apiece.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn k4_scaled_scalar(p: *const u8) -> (__m256, __m256) {
-    let (dd, dmin) = f16x2(p);
+    let h = _mm256_cvtph_ps(_mm_set1_epi32((p as *const i32).read_unaligned()));
     let (sc, mn) = k4_scales(p.add(4));
-    (_mm256_mul_ps(sc, _mm256_set1_ps(dd)), _mm256_mul_ps(mn, _mm256_set1_ps(dmin)))
+    (_mm256_mul_ps(sc, _mm256_moveldup_ps(h)), _mm256_mul_ps(mn, _mm256_movehdup_ps(h)))
 }
 
 /// `vpermb` indices placing a Q4_K block's scale bytes (`s_k` at byte `4 + k` of the block)

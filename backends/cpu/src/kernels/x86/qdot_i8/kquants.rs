@@ -116,9 +116,10 @@ pub(super) unsafe fn q6_k_blk<D: Dot, const R: usize, const N: usize>(
     for r in 0..R {
         let p = w[r];
         let dd = f16_splat(p.add(208));
-        let sc8 = _mm_loadu_si128(p.add(192) as *const __m128i);
-        let sc0 = cvt(_mm256_cvtepi8_epi32(sc8));
-        let sc1 = cvt(_mm256_cvtepi8_epi32(_mm_srli_si128::<8>(sc8)));
+        // Each half's eight scales widened straight from memory (a byte shift of one 16-byte
+        // load took a shuffle port).
+        let sc0 = cvt(_mm256_cvtepi8_epi32(_mm_loadl_epi64(p.add(192) as *const __m128i)));
+        let sc1 = cvt(_mm256_cvtepi8_epi32(_mm_loadl_epi64(p.add(200) as *const __m128i)));
         let m32 = _mm256_mul_ps(_mm256_set1_ps(32.0), dd);
         let (o0, o1) = (_mm256_mul_ps(sc0, m32), _mm256_mul_ps(sc1, m32));
         for t in 0..N {
