@@ -79,6 +79,13 @@ pub(crate) unsafe fn prefetch_row_ahead(base: *const u8, stride: usize, j: usize
     }
 }
 
+/// The line at byte `off` of row `j + ROWS_AHEAD` ([`prefetch_row_ahead`]'s row) into L2, for
+/// kernels that read a row's lines in separate passes and ask for each as its pass begins.
+#[inline(always)]
+pub(crate) unsafe fn prefetch_line_ahead(base: *const u8, stride: usize, j: usize, off: usize) {
+    prefetch(base.wrapping_add((j + ROWS_AHEAD) * stride + off));
+}
+
 pub(crate) mod avx2;
 pub(crate) mod amx;
 pub(crate) mod amx_attention;
