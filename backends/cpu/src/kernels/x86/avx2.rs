@@ -206,8 +206,8 @@ unsafe fn pv_g<const G: usize, const D: u8>(a: Pv) {
         // ahead to L2. The whole row slice asked for at the first pass (four lines a row, one
         // every four multiply-adds) stalled the loads behind the prefetches: decode attention
         // over 4,096 cached f16 tokens (kernel bench part 5, 2 threads, alternating builds)
-        // 0.81 → 0.73 ms a call, decode steps of 12-layer Q4_K_M at 4.1–4.3k tokens 3.8 %
-        // shorter (alternate steps of one run).
+        // 0.81 → 0.73 ms a call, decode steps of 12-layer Q4_K_M at 4.1–4.3k tokens 2.5–3.9 %
+        // shorter (alternate steps of a run, two runs).
         let line_start = (c * es).is_multiple_of(64);
         let next_line = line_start && c * es + 64 < slice;
         for j in 0..a.len {
