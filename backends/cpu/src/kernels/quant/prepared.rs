@@ -6,14 +6,6 @@ use super::{check_weights, QuantDot};
 use crate::kernels::{shape_err, SimdLevel};
 use ft_backend::{DType, Result};
 
-/// Most tokens an AVX2 Q8_0 product takes in groups: beyond, the f32 tiles outrun its int8
-/// kernel, whose signed codes cost a sign move, a conversion and two multiplies per block and
-/// token. One warm Zen 3 thread, 2048 × 768, GFLOP/s int8 / f32 tiles: 16 tokens 68 / 51, 32
-/// 67 / 67, 64 67 / 81, 512 66 / 92. The 12-layer Q8_0 GGUF's cold 512-token prefill, 2
-/// threads, alternating runs: 72–84 tok/s in groups at every count, 72–105 up to 32 tokens
-/// (the attention products and the busier experts on the tiles), its decode unchanged.
-const Q8_0_MAX_GROUPED: usize = 32;
-
 /// Whether products of `n` tokens run the fused kernels a few tokens at a time
 /// (reduced-precision activations allowed by `dot`): on AVX-512, FP8 against bf16 activations
 /// (with AVX-512 BF16 and VBMI), and the types whose int8 kernel takes 4 tokens faster than a
@@ -31,11 +23,16 @@ const Q8_0_MAX_GROUPED: usize = 32;
 /// alternative is f32 tiles over weights decoded to f32; one thread, same shape, int8 at 4
 /// tokens against the f32 tiles at 64: Q4_K 121 / 56, Q5_K 94 / 51, Q6_K 94 / 50–56, Q4_0
 /// 130 / 58 and MXFP4 89 / 58 (their codes transposed so that a block meets its scales once per
-/// token; before that 90, 65, 59, 66 and 68) go in groups, Q8_0 only up to
-/// [`Q8_0_MAX_GROUPED`] tokens. NVFP4 (56 / 58, 20 at 5 tokens) keeps the tiles: in groups,
-/// the int8 prefill of a short prompt moved the qwen3_5_moe NVFP4 fixture's next logits by
-/// 0.79 of their scale (its gated-delta state carries the prefill's rounding; the tests allow
-/// 0.5).
+/// token; before that 90, 65, 59, 66 and 68) and Q8_0 68 / 61 go in groups. Q8_0 stays in
+/// groups beyond the tiles' crossover (int8 / tiles 67 / 67 at 32 tokens, 66 / 92 at 512; its
+/// signed codes cost a sign move, a conversion and two multiplies per block and token): taking
+/// the tiles above 32 tokens raised the 12-layer Q8_0 GGUF's 512-token prefill from 62–85 to
+/// 93–106 tok/s, but a prompt restored from the prefix store and prefilled only past the
+/// restored part then met other numbers than one prefilled whole, and the GGUF agent
+/// transcript's greedy tokens changed with reuse. NVFP4 (56 / 58, 20
+/// at 5 tokens) keeps the tiles: in groups, the int8 prefill of a short prompt moved the
+/// qwen3_5_moe NVFP4 fixture's next logits by 0.79 of their scale (its gated-delta state
+/// carries the prefill's rounding; the tests allow 0.5).
 pub(crate) fn in_groups(level: SimdLevel, dot: QuantDot, dtype: DType, n: usize, k: usize) -> bool {
     #[cfg(target_arch = "x86_64")]
     {
@@ -46,8 +43,7 @@ pub(crate) fn in_groups(level: SimdLevel, dot: QuantDot, dtype: DType, n: usize,
             SimdLevel::Avx512 => {}
             SimdLevel::Avx2 => {
                 return match dtype {
-                    DType::Q8_0 => n <= Q8_0_MAX_GROUPED,
-                    DType::Q4K | DType::Q5K | DType::Q6K | DType::Q4_0 | DType::Mxfp4 => true,
+                    DType::Q4K | DType::Q5K | DType::Q6K | DType::Q4_0 | DType::Q8_0 | DType::Mxfp4 => true,
                     _ => false,
                 }
             }
