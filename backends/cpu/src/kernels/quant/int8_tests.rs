@@ -258,7 +258,7 @@ fn nvfp4_against_decode(test: &str, k: usize, nrows: usize, global: f32, x_scale
     let dtype = DType::Nvfp4;
     let blocks = k / dtype.block_elems();
     let mut raw = vec![0u8; nrows * dtype.row_bytes(k)];
-    for (i, blk) in raw.chunks_exact_mut(148).enumerate() {
+    for (i, blk) in raw.chunks_exact_mut(ft_backend::quant::block_bytes(dtype)).enumerate() {
         blk[..4].copy_from_slice(&global.to_le_bytes());
         for g in 0..16 {
             blk[4 + g] = code(i / blocks, g, &mut rng);
