@@ -56,9 +56,18 @@ fn matrix(dtype: DType, rows: usize, cols: usize) -> Vec<u8> {
     }
 }
 
-/// `copies` back-to-back copies of `expert` in a temporary file, mapped read-only (the file
-/// is unlinked at once; the mapping keeps its pages).
+/// `copies` back-to-back copies of `expert`, mapped read-only: in a temporary file (unlinked
+/// at once; the mapping keeps its pages) as the engine's experts are page-cache pages. Where
+/// the temporary folder cannot hold them (a full disk, a small tmpfs), in anonymous memory
+/// instead, which streams at the same speed, so that a plan still comes out.
 fn mapped_copies(expert: &[Vec<u8>; 3], copies: usize) -> std::io::Result<memmap2::Mmap> {
+    file_copies(expert, copies).or_else(|e| {
+        tracing::warn!("rate probe: cannot write its file in {} ({e}); probing anonymous memory instead", std::env::temp_dir().display());
+        anon_copies(expert, copies)
+    })
+}
+
+fn file_copies(expert: &[Vec<u8>; 3], copies: usize) -> std::io::Result<memmap2::Mmap> {
     use std::io::Write;
     static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
     let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -78,6 +87,19 @@ fn mapped_copies(expert: &[Vec<u8>; 3], copies: usize) -> std::io::Result<memmap
     })();
     let _ = std::fs::remove_file(&path);
     result
+}
+
+fn anon_copies(expert: &[Vec<u8>; 3], copies: usize) -> std::io::Result<memmap2::Mmap> {
+    let one: usize = expert.iter().map(Vec::len).sum();
+    let mut map = memmap2::MmapMut::map_anon((one * copies).max(1))?;
+    for copy in map.chunks_exact_mut(one.max(1)).take(copies) {
+        let mut at = 0;
+        for m in expert {
+            copy[at..at + m.len()].copy_from_slice(m);
+            at += m.len();
+        }
+    }
+    map.make_read_only()
 }
 
 /// Streams `dtype` experts of `shape` for at least `min_time` (and at least 3 passes after one
@@ -140,4 +162,18 @@ pub fn cpu_stream_rate(pool: &ThreadPool, dot: QuantDot, dtype: DType, shape: Ex
         bytes,
         passes: secs.len(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn anonymous_copies_hold_the_same_bytes_as_the_file() {
+        let expert = [vec![1u8, 2, 3], vec![4, 5], vec![6, 7, 8, 9]];
+        let (file, anon) = (file_copies(&expert, 3).unwrap(), anon_copies(&expert, 3).unwrap());
+        assert_eq!(&file[..], &anon[..]);
+        assert_eq!(&anon[..9], &[1, 2, 3, 4, 5, 6, 7, 8, 9]);
+        assert_eq!(anon.len(), 27);
+    }
 }

@@ -24,7 +24,8 @@ fn run(c: &mut Command) -> (bool, String, String) {
 }
 
 fn temp_file(name: &str, text: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("ft-actor-cli-{}", std::process::id()));
+    // Under the target's scratch folder, not /tmp, so runs leave nothing behind on the host.
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("ft-actor-cli-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("temp dir");
     let p = dir.join(name);
     std::fs::write(&p, text).expect("write");
