@@ -355,6 +355,53 @@ mod fused_tests {
         println!("fused quantized matmul: worst error/bound = {worst:.3e}");
     }
 
+    /// FP8 rows holding every E4M3 code but the two NaNs (subnormals and both zeros
+    /// included) against activations from 2⁻⁴⁵ to 2⁴⁷ of both signs: the AVX2 kernel reads the
+    /// codes as f32 bits worth `e4m3·2⁻¹²⁰` and the activations scaled by 2⁶⁴, which must leave
+    /// every product exact. Same bound as above (1e-6 of `Σ|x·w|`, f32 summation order).
+    #[test]
+    fn fp8_every_code_at_every_magnitude() {
+        let dtype = DType::F8E4M3;
+        let codes: Vec<u8> = (0..=255u8).filter(|c| c & 0x7f != 0x7f).chain([0, 0x80]).collect();
+        assert_eq!(codes.len(), 256);
+        let (k, nrows) = (256, 3);
+        let mut rng = Rng::new(0xe4e3);
+        let mut raw = Vec::new();
+        for r in 0..nrows {
+            for b in 0..2 {
+                let scale = 0.75f32 * (2f32).powi(r as i32 * 3 - 4 + b);
+                raw.extend_from_slice(&scale.to_le_bytes());
+                // Each row its own rotation of the codes, so every code meets many activations.
+                raw.extend((0..128).map(|i| codes[(128 * b as usize + i + 37 * r) % 256]));
+            }
+        }
+        assert_eq!(raw.len(), nrows * dtype.row_bytes(k));
+        let mut dec = vec![0f32; nrows * k];
+        super::super::elementwise::decode_scalar(&raw, dtype, &mut dec);
+        for n in 1..=4usize {
+            // One magnitude band a token, so that a band's lost products would show against
+            // its own Σ|x·w|.
+            let x: Vec<f32> = (0..n * k)
+                .map(|i| {
+                    let e = [-45, -20, 0, 20, 45][(i / k + n) % 5] + (i % 3) as i32;
+                    let sign = if rng.next_u64() % 2 == 0 { 1.0 } else { -1.0 };
+                    sign * (1.0 + rng.uniform().abs()) * (2f32).powi(e)
+                })
+                .collect();
+            for level in [SimdLevel::Scalar, SimdLevel::Avx2, SimdLevel::Avx512] {
+                let mut out = vec![f32::NAN; n * nrows];
+                block(level, QuantDot::Exact, &x, k, n, k, &raw, dtype, nrows, &mut out, nrows).expect("block");
+                for t in 0..n {
+                    for r in 0..nrows {
+                        let (want, mag) = super::tests::exact_dot(&x[t * k..][..k], &dec[r * k..][..k]);
+                        let (got, err) = (out[t * nrows + r] as f64, (out[t * nrows + r] as f64 - want).abs());
+                        assert!(err <= 1e-6 * mag, "{:?} n={n} t={t} r={r}: got {got}, want {want} (Σ|x·w| {mag})", level.effective());
+                    }
+                }
+            }
+        }
+    }
+
     /// FP8 with `Int8` on AVX-512 BF16 + VBMI: the product of the exactly decoded weights with
     /// the activations rounded to bf16, up to f32 summation order (1e-6 of `Σ|x·w|`), for
     /// every token count, row counts off the interleave, partial last blocks and unaligned

@@ -149,6 +149,16 @@ impl<'a> Prepared<'a> {
                 }
                 v
             });
+            // FP8's AVX2 kernel reads its activations reordered and scaled (`fp8_prepare`).
+            let (xv, xs) = if dtype == DType::F8E4M3 && fp8_bf16.is_none() {
+                let mut v = vec![0f32; n * kp];
+                for t in 0..n {
+                    qdot::fp8_prepare(&xv[t * xs..][..kp], &mut v[t * kp..][..kp]);
+                }
+                (std::borrow::Cow::Owned(v), kp)
+            } else {
+                (xv, xs)
+            };
             Ok(Some(Self {
                 dtype,
                 n,
