@@ -1,9 +1,9 @@
 //! AVX2 dequantization of the block-quantized weight types, 8 or 16 values per step.
 //!
-//! E4M3 widens through f16: a code `s.eeee.mmm` placed as f16 bits `s.0eeee.mmm0000000` is the
-//! same number divided by 2⁸ (f16's exponent bias is 15, E4M3's 7), subnormals included, so
-//! `cvtph` plus the block scale times 256 gives the exact value. (The NaN code `0x7f` would
-//! come out as 480; quantizers never write it.) E2M1 nibbles go through a 16-entry byte
+//! E4M3 needs no conversion instruction: a code `s.eeee.mmm` placed as the f32 bits
+//! `s.0000eeee.mmm0…` is the same number times 2⁻¹²⁰ (f32's exponent bias is 127, E4M3's 7),
+//! subnormals included as f32 denormals, so two power-of-two steps and the block scale give the
+//! exact value. (The NaN code `0x7f` would come out as 480; quantizers never write it.) E2M1 nibbles go through a 16-entry byte
 //! table of doubled values (all integers), which halves the scale: both are exact.
 //!
 //! The GGML integer types widen their codes to f32 (exact) and apply the same f32 products, in
@@ -46,15 +46,15 @@ pub(crate) unsafe fn decode_row(dtype: DType, src: &[u8], dst: &mut [f32]) {
 
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn fp8_block(src: *const u8, dst: *mut f32) {
-    let scale = (src as *const f32).read_unaligned() * 256.0;
-    let sv = _mm256_set1_ps(scale);
-    let (sign_mask, mag_mask) = (_mm_set1_epi16(0x80), _mm_set1_epi16(0x7f));
+    // Scaled in two exact steps: the code's f32 bits times 2⁶⁴ (normal from here on, even for
+    // subnormal codes), then the scale times 2⁵⁶ (finite for any scale below 2⁷¹), so the one
+    // rounding is that of `e4m3 · scale`.
+    let (up, sv) = (_mm256_set1_ps(f32::from_bits((127 + 64) << 23)), _mm256_set1_ps((src as *const f32).read_unaligned() * f32::from_bits((127 + 56) << 23)));
+    let keep = _mm256_set1_epi32(0x87F0_0000u32 as i32);
     for i in 0..16 {
-        let codes = _mm_cvtepu8_epi16(_mm_loadl_epi64(src.add(4 + i * 8) as *const __m128i));
-        let sign = _mm_slli_epi16::<8>(_mm_and_si128(codes, sign_mask));
-        let mag = _mm_slli_epi16::<7>(_mm_and_si128(codes, mag_mask));
-        let v = _mm256_cvtph_ps(_mm_or_si128(sign, mag));
-        _mm256_storeu_ps(dst.add(i * 8), _mm256_mul_ps(v, sv));
+        let c = _mm256_cvtepu8_epi32(_mm_loadl_epi64(src.add(4 + i * 8) as *const __m128i));
+        let bits = _mm256_and_si256(_mm256_srai_epi32::<4>(_mm256_slli_epi32::<24>(c)), keep);
+        _mm256_storeu_ps(dst.add(i * 8), _mm256_mul_ps(_mm256_mul_ps(_mm256_castsi256_ps(bits), up), sv));
     }
 }
 
