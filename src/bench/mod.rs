@@ -34,17 +34,18 @@ pub struct Bandwidth {
     pub passes: usize,
     /// The faster pattern.
     pub loads: Loads,
-    /// Median pass of the other pattern, GB/s.
+    /// Median pass of the next fastest pattern, GB/s.
     pub other_median: f64,
     /// Share of the buffer the kernel gave 2 MiB pages (`None` where `/proc` does not say).
     pub huge_pages: Option<f64>,
 }
 
 /// Measures streaming read bandwidth over `bytes` of memory with `threads` threads: passes of
-/// plain loads and of loads with the weight kernels' software prefetch alternate, `passes` of
-/// each, and the pattern with the higher median is the machine's figure (median and spread;
-/// one pass varies with the machine's other load). Plain loads alone can understate what the
-/// kernels reach: a core of some machines keeps too few misses in flight without the prefetch.
+/// each load pattern ([`Loads::ALL`]: plain loads, loads with the weight kernels' software
+/// prefetch, and those from four parts of each range in turn) alternate, `passes` of each, and
+/// the pattern with the highest median is the machine's figure (median and spread; one pass
+/// varies with the machine's other load). One plain sequential stream a thread can understate
+/// what the memory gives: a core of some machines keeps too few misses in flight for it.
 pub fn memory_bandwidth(threads: usize, bytes: usize, passes: usize) -> Bandwidth {
     let words = (bytes / 8).max(1 << 16);
     let mut buffer = ProbeBuffer::new(words);
@@ -69,22 +70,23 @@ pub fn memory_bandwidth(threads: usize, bytes: usize, passes: usize) -> Bandwidt
         (words * 8) as f64 / start.elapsed().as_secs_f64() / 1e9
     };
     pass(Loads::Plain);
-    let mut rates = [vec![], vec![]];
+    let mut rates = Loads::ALL.map(|_| vec![]);
     for _ in 0..passes.max(1) {
-        for (i, loads) in Loads::BOTH.into_iter().enumerate() {
+        for (i, loads) in Loads::ALL.into_iter().enumerate() {
             rates[i].push(pass(loads));
         }
     }
     rates.iter_mut().for_each(|r| r.sort_by(f64::total_cmp));
-    let best = usize::from(median(&rates[1]) > median(&rates[0]));
+    let medians = rates.each_ref().map(|r| median(r));
+    let best = (0..medians.len()).max_by(|&a, &b| medians[a].total_cmp(&medians[b])).unwrap_or(0);
     let r = &rates[best];
     Bandwidth {
         median: median(r),
         min: r[0],
         max: r[r.len() - 1],
         passes: r.len(),
-        loads: Loads::BOTH[best],
-        other_median: median(&rates[1 - best]),
+        loads: Loads::ALL[best],
+        other_median: (0..medians.len()).filter(|&i| i != best).map(|i| medians[i]).fold(0.0, f64::max),
         huge_pages,
     }
 }

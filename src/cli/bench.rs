@@ -131,7 +131,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
     if !a.json {
         println!(
             "memory read bandwidth {:.1} GB/s (median of {} passes summing {} MiB with {threads} threads and the widest vector loads, {}; {:.1}–{:.1}; \
-             the faster of two patterns, the other's median {:.1}; {} of the buffer in 2 MiB pages)",
+             the fastest of three patterns, the next one's median {:.1}; {} of the buffer in 2 MiB pages)",
             bw.median,
             bw.passes,
             a.bandwidth_mib,

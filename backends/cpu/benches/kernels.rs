@@ -39,14 +39,14 @@ use std::time::Instant;
 
 /// Read bandwidth (bytes/s) summing a 1 GiB buffer with `threads` threads, with the widest
 /// loads the CPU has (`kernels::stream_sum`): the median of 7 passes in each load pattern,
-/// alternating, and the higher of the two (as `ft-actor bench` probes).
+/// alternating, and the highest of them (as `ft-actor bench` probes).
 fn read_bandwidth(threads: usize) -> f64 {
     let words = (1usize << 30) / 8;
     let buf: Vec<u64> = (0..words as u64).collect();
     let chunk = words.div_ceil(threads);
-    let mut runs = [vec![], vec![]];
+    let mut runs = Loads::ALL.map(|_| vec![]);
     for _ in 0..7 {
-        for (i, loads) in Loads::BOTH.into_iter().enumerate() {
+        for (i, loads) in Loads::ALL.into_iter().enumerate() {
             let t = Instant::now();
             let total: u64 = std::thread::scope(|s| {
                 let hs: Vec<_> = buf
@@ -180,7 +180,7 @@ fn throughput(b: &CpuBackend, threads: Option<usize>, quant_dot: QuantDot) {
         threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
     let bw = read_bandwidth(nthreads);
     println!(
-        "quant_dot {quant_dot}: memory read bandwidth ({nthreads} threads, 1 GiB sum, median of 7, faster load pattern): {:.1} GB/s; simd {:?}",
+        "quant_dot {quant_dot}: memory read bandwidth ({nthreads} threads, 1 GiB sum, median of 7, fastest load pattern): {:.1} GB/s; simd {:?}",
         bw / 1e9,
         b.simd_level()
     );
@@ -283,7 +283,7 @@ fn long_stream() {
     let b = CpuBackend::new(CpuOptions { threads, quant_dot: QuantDot::Int8, ..Default::default() }).expect("backend");
     let nthreads = threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
     let bw = read_bandwidth(nthreads);
-    println!("long matrix, 1 token, int8 mode: memory read bandwidth ({nthreads} threads, faster load pattern) {:.1} GB/s", bw / 1e9);
+    println!("long matrix, 1 token, int8 mode: memory read bandwidth ({nthreads} threads, fastest load pattern) {:.1} GB/s", bw / 1e9);
     let k = 2048;
     let mut rng = ft_backend::conformance::Rng::new(3);
     let x = rng.vec(k, 1.0);
