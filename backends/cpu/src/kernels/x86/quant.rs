@@ -3,8 +3,9 @@
 //! E4M3 needs no conversion instruction: a code `s.eeee.mmm` placed as the f32 bits
 //! `s.0000eeee.mmm0…` is the same number times 2⁻¹²⁰ (f32's exponent bias is 127, E4M3's 7),
 //! subnormals included as f32 denormals, so two power-of-two steps and the block scale give the
-//! exact value. (The NaN code `0x7f` would come out as 480; quantizers never write it.) E2M1 nibbles go through a 16-entry byte
-//! table of doubled values (all integers), which halves the scale: both are exact.
+//! exact value. (The NaN code `0x7f` would come out as 480; quantizers never write it.) E2M1
+//! nibbles go through a 16-entry byte table of doubled values (all integers), which halves the
+//! scale: both are exact.
 //!
 //! The GGML integer types widen their codes to f32 (exact) and apply the same f32 products, in
 //! the same order and without FMA, as [`ft_backend::quant::decode_block`]: Q8_0/Q4_0
