@@ -378,7 +378,7 @@ mod tests {
         ];
         for case in &cases {
             assert!(eligible(SimdLevel::Auto, case.dtype(), case.dtype(), &case.d), "{}: eligible", case.what());
-            worst = worst.max(case.against_pairs(attention, TOL));
+            worst = worst.max(case.against_pairs(attention, "flash blocks", TOL));
         }
         println!("largest difference from the pair split: {worst:e}");
     }
@@ -388,8 +388,8 @@ mod tests {
         if !avx2() {
             return;
         }
-        shape(DType::F16, 2, 1, 64, 64, 40, 20, Some(0), true, false).against_pairs(attention, TOL);
-        shape(DType::F16, 2, 1, 64, 64, 40, 20, Some(0), false, true).against_pairs(attention, TOL);
+        shape(DType::F16, 2, 1, 64, 64, 40, 20, Some(0), true, false).against_pairs(attention, "flash blocks", TOL);
+        shape(DType::F16, 2, 1, 64, 64, 40, 20, Some(0), false, true).against_pairs(attention, "flash blocks", TOL);
     }
 
     /// A prompt cut into chunks (each chunk's tokens against the cache up to its end) gives

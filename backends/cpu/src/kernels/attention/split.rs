@@ -151,7 +151,7 @@ mod tests {
     #[allow(clippy::too_many_arguments)]
     fn check(dtype: DType, heads: usize, kv_heads: usize, dim: usize, kv_len: usize, tokens: usize, window: Option<usize>, sinks: bool, paged: bool) {
         let shape = Shape { dtype, heads, kv_heads, hd: dim, vhd: dim, kv_len, tokens, window, sinks, paged };
-        Case::new(shape, kv_len as u64 + tokens as u64, 64, 1.0, 2.0, 0.5).against_pairs(attention, 2e-6);
+        Case::new(shape, kv_len as u64 + tokens as u64, 64, 1.0, 2.0, 0.5).against_pairs(attention, "position split", 2e-6);
     }
 
     #[test]

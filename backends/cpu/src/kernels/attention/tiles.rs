@@ -303,7 +303,7 @@ mod tests {
         let shape = Shape { dtype, heads, kv_heads, hd, vhd, kv_len, tokens, window, sinks, paged };
         let case = Case::new(shape, (kv_len * 31 + tokens) as u64, 16, 2.0, 3.0, 1.0);
         assert!(eligible(SimdLevel::Auto, dtype, dtype, &case.d), "{}: eligible", case.what());
-        case.against_pairs(attention, TOL)
+        case.against_pairs(attention, "AMX tiles", TOL)
     }
 
     /// Values are in ±1 and scores reach ±6: the hi + lo parts keep queries, weights and f32
