@@ -331,12 +331,12 @@ fn bf16_activations(level: SimdLevel, dot: QuantDot, x: &[f32], n: usize, k: usi
     Ok(None)
 }
 
-/// Whether an FP8 product of `n` tokens of `k` runs on the AMX tiles: as many tokens as the
-/// other block types leave their kernels at.
+/// Whether an FP8 product of `n` tokens of `k` runs on the AMX tiles (from
+/// [`super::x86::amx::FP8_MIN_TOKENS`]).
 pub(crate) fn fp8_on_tiles(level: SimdLevel, dot: QuantDot, n: usize, k: usize) -> bool {
     #[cfg(target_arch = "x86_64")]
     {
-        n >= super::x86::amx::quant_min_tokens(DType::F8E4M3) && amx_tiles(level, dot, n, k)
+        n >= super::x86::amx::FP8_MIN_TOKENS && amx_tiles(level, dot, n, k)
     }
     #[cfg(not(target_arch = "x86_64"))]
     {

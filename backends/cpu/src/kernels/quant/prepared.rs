@@ -15,21 +15,25 @@ use ft_backend::{DType, Result};
 /// 120 / 77, MXFP4 128 / 82 (on its 512-bit kernel), Q6_K 110 / 81 (on its 512-bit kernel;
 /// 76 / 90 on the 256-bit one), Q8_0 97 / 67–87 (unsigned codes, activations 64-byte
 /// aligned); the others keep the tiles, their int8 kernels at 4 tokens being no clearly
-/// faster (Q5_K 78–90 / 72–83, Q4_0 80 / 80–86, NVFP4 90 / 81–87). Where a product of `n`
-/// tokens of `k` takes the AMX tiles ([`crate::kernels::gemv::amx_tiles`]) and has at least
-/// [`crate::kernels::x86::amx::quant_min_tokens`], every type goes to them instead (up to 3×
-/// these kernels' rate at 512 tokens): the integer types dequantized to bf16, FP8 as unscaled
-/// codes with its weights exact (`x86::fp8_tiles`). On AVX2 alone (`vpmaddubsw`, Zen 3) the
+/// faster (Q5_K 78–90 / 72–83, Q4_0 80 / 80–86, NVFP4 90 / 81–87).
+///
+/// The AMX tiles ([`crate::kernels::gemv::amx_tiles`]) take only FP8 from these, from
+/// [`crate::kernels::x86::amx::FP8_MIN_TOKENS`] (`x86::fp8_tiles`: its codes unscaled and
+/// exact, bf16 activations as in its own kernel, so only the f32 summation order differs).
+/// The integer types stay in groups though the tiles prefill 2.3× faster (12-layer Q8_0 GGUF,
+/// 512 tokens, 2 threads of a Xeon: 224 against 97 tok/s): the tiles round the activations to
+/// bf16, the kernels to int8 per 32 values, so a prompt restored from the prefix store and
+/// prefilled past the restored part in fewer tokens than the tiles take met other numbers than
+/// one prefilled whole, and the Q8_0 GGUF agent transcript's greedy tokens changed with reuse
+/// (`prefix_reuse::agent_transcript_gguf_model`). On AVX2 alone (`vpmaddubsw`, Zen 3) the
 /// alternative is f32 tiles over weights decoded to f32; one thread, same shape, int8 at 4
 /// tokens against the f32 tiles at 64: Q4_K 121 / 56, Q5_K 94 / 51, Q6_K 94 / 50–56, Q4_0
 /// 130 / 58 and MXFP4 89 / 58 (their codes transposed so that a block meets its scales once per
 /// token; before that 90, 65, 59, 66 and 68) and Q8_0 68 / 61 go in groups. Q8_0 stays in
 /// groups beyond the tiles' crossover (int8 / tiles 67 / 67 at 32 tokens, 66 / 92 at 512; its
-/// signed codes cost a sign move, a conversion and two multiplies per block and token): taking
-/// the tiles above 32 tokens raised the 12-layer Q8_0 GGUF's 512-token prefill from 62–85 to
-/// 93–106 tok/s, but a prompt restored from the prefix store and prefilled only past the
-/// restored part then met other numbers than one prefilled whole, and the GGUF agent
-/// transcript's greedy tokens changed with reuse. NVFP4 (56 / 58, 20
+/// signed codes cost a sign move, a conversion and two multiplies per block and token) for the
+/// same reason: the tiles above 32 tokens raised the 12-layer Q8_0 GGUF's 512-token prefill
+/// from 62–85 to 93–106 tok/s and changed that transcript's tokens. NVFP4 (56 / 58, 20
 /// at 5 tokens) keeps the tiles: in groups, the int8 prefill of a short prompt moved the
 /// qwen3_5_moe NVFP4 fixture's next logits by 0.79 of their scale (its gated-delta state
 /// carries the prefill's rounding; the tests allow 0.5).
@@ -49,7 +53,7 @@ pub(crate) fn in_groups(level: SimdLevel, dot: QuantDot, dtype: DType, n: usize,
             }
             SimdLevel::Scalar | SimdLevel::Auto => return false,
         }
-        if n >= crate::kernels::x86::amx::quant_min_tokens(dtype) && crate::kernels::gemv::amx_tiles(level, dot, n, k) {
+        if dtype == DType::F8E4M3 && crate::kernels::gemv::fp8_on_tiles(level, dot, n, k) {
             return false;
         }
         match dtype {

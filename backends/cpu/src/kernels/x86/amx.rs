@@ -26,19 +26,10 @@ pub(crate) const KSTEP: usize = 32;
 /// Fewest tokens a product takes the tiles for: one token tile, so the 16-wide sums are not
 /// mostly padding, and batched decode (fewer sequences than this) keeps `vdpbf16ps`'s bits.
 pub(crate) const MIN_TOKENS: usize = 16;
-/// Fewest tokens a product of `dtype`, a type with int8 kernels of its own for many tokens
-/// ([`crate::kernels::quant::in_groups`]), leaves them for the tiles: its rows must first be
-/// dequantized to bf16. Through f32 and a rounding pass that costs ~1.5 cycles a value, which
-/// the tiles repay from about 24 tokens (one thread, Q4_K 768 × 2048: 16 tokens 73–89 GFLOP/s
-/// against the int8 kernel's ~120, 32 tokens 139–166); Q4_K decodes straight to bf16 and
-/// wins from 16 (kernel bench: 147 against 123).
-pub(crate) fn quant_min_tokens(dtype: ft_backend::DType) -> usize {
-    if dtype == ft_backend::DType::Q4K {
-        MIN_TOKENS
-    } else {
-        2 * MIN_TOKENS
-    }
-}
+/// Fewest tokens an FP8 product leaves its own kernel for the tiles
+/// ([`crate::kernels::quant::in_groups`]): the tiles' sums are mostly padding below two token
+/// tiles.
+pub(crate) const FP8_MIN_TOKENS: usize = 2 * MIN_TOKENS;
 
 /// Whether the CPU has AMX-TILE and AMX-BF16 and the kernel granted this process the tile
 /// state (`arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)`); asked once.
