@@ -345,40 +345,6 @@ fn tile_products_agree_across_token_counts() {
     }
 }
 
-/// Q4_K rows decoded straight to bf16 (the AMX prefill's dequantization) are the f32 decode
-/// rounded to bf16, bit for bit: every nibble, scale and min code of random blocks.
-#[test]
-fn q4_k_straight_to_bf16_equals_rounded_decode() {
-    if !has_dpbf16() {
-        eprintln!("skipped: this CPU has no AVX-512 BF16, the bf16 path is not taken");
-        return;
-    }
-    #[cfg(target_arch = "x86_64")]
-    {
-        let (blocks, mut s) = (64usize, 0x5eed_u64);
-        let mut raw = vec![0u8; blocks * 144];
-        for b in raw.iter_mut() {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            *b = (s >> 24) as u8;
-        }
-        // Finite f16 scales (d, dmin) in every block.
-        for blk in raw.chunks_exact_mut(144) {
-            blk[1] &= 0x3b;
-            blk[3] &= 0x3b;
-        }
-        let mut f = vec![0f32; blocks * 256];
-        super::super::quant::decode_row(SimdLevel::Auto, &raw, DType::Q4K, &mut f);
-        let mut want = vec![0u16; f.len()];
-        round_bf16(&f, &mut want);
-        let mut got = vec![0u16; f.len()];
-        // SAFETY: AVX-512 BF16 checked above; `raw` holds `blocks` blocks, `got` their values.
-        unsafe { super::super::x86::quant::q4_k_blocks_bf16(raw.as_ptr(), got.as_mut_ptr(), blocks) };
-        assert_eq!(got, want);
-    }
-}
-
 /// A product run on the calling thread alone (a decode expert side by side with others) gives
 /// the bits it gets split over the pool in the decode tasks or the prefill ones (the plain
 /// dtypes' written in place, through the general tiles and through the panels), in both

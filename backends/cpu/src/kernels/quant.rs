@@ -142,25 +142,12 @@ pub(crate) fn block_bf16(
     // and each token tile two weight tiles.
     let chunk = if xb.tiles.is_some() { 2 * CHUNK_ROWS } else { CHUNK_ROWS };
     let mut scratch = vec![0u16; chunk.min(nrows) * k];
-    // Q4_K (most of a Q4_K_M file) goes straight to bf16 where rows are whole blocks; the other
-    // types through one f32 row, cache-hot, and a rounding pass.
-    #[cfg(target_arch = "x86_64")]
-    let direct = dtype == DType::Q4K && kp == k && level.effective() == SimdLevel::Avx512 && super::x86::dpbf16::available();
-    #[cfg(not(target_arch = "x86_64"))]
-    let direct = false;
-    let mut row = vec![0f32; if direct { 0 } else { kp }];
+    // Through one f32 row, cache-hot, and a rounding pass.
+    let mut row = vec![0f32; kp];
     for c0 in (0..nrows).step_by(chunk) {
         let cr = chunk.min(nrows - c0);
         for (r, dst) in scratch.chunks_exact_mut(k).take(cr).enumerate() {
-            let src = &w[(c0 + r) * rb..][..rb];
-            #[cfg(target_arch = "x86_64")]
-            if direct {
-                // SAFETY: AVX-512 BF16 checked above; `src` is one row of `k / 256` whole
-                // blocks (`kp == k`) and `dst` holds its `k` values.
-                unsafe { super::x86::quant::q4_k_blocks_bf16(src.as_ptr(), dst.as_mut_ptr(), k / 256) };
-                continue;
-            }
-            decode_row(level, src, dtype, &mut row);
+            decode_row(level, &w[(c0 + r) * rb..][..rb], dtype, &mut row);
             super::gemv::round_bf16(&row[..k], dst);
         }
         super::gemv::bf16_rows(xb, n, k, bytemuck::cast_slice(&scratch[..cr * k]), 0..cr, &mut out[c0..], os);

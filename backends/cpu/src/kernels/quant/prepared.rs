@@ -46,10 +46,7 @@ pub(crate) fn in_groups(level: SimdLevel, dot: QuantDot, dtype: DType, n: usize,
         match level.effective() {
             SimdLevel::Avx512 => {}
             SimdLevel::Avx2 => {
-                return match dtype {
-                    DType::Q4K | DType::Q5K | DType::Q6K | DType::Q4_0 | DType::Q8_0 | DType::Mxfp4 => true,
-                    _ => false,
-                }
+                return matches!(dtype, DType::Q4K | DType::Q5K | DType::Q6K | DType::Q4_0 | DType::Q8_0 | DType::Mxfp4)
             }
             SimdLevel::Scalar | SimdLevel::Auto => return false,
         }

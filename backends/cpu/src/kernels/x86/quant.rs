@@ -189,40 +189,6 @@ unsafe fn q4_k_block(src: *const u8, dst: *mut f32) {
     }
 }
 
-/// Whole Q4_K blocks at `src` straight to bf16 at `dst` (`blocks` blocks): the values of
-/// [`q4_k_block`], `(d·sc)·q − (dmin·m)` without FMA, rounded to nearest even as
-/// `dpbf16::round_row` rounds them, 32 a step. Decoding to f32 and rounding in a second pass
-/// took ~17 % of a Q4_K_M prefill on the AMX tiles.
-///
-/// # Safety
-/// The CPU has AVX-512 BF16 (with F, BW, VL); `src` holds `blocks` blocks and `dst` room for
-/// `256·blocks` values.
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512bf16")]
-pub(crate) unsafe fn q4_k_blocks_bf16(src: *const u8, dst: *mut u16, blocks: usize) {
-    let low = _mm256_set1_epi8(0x0f);
-    for b in 0..blocks {
-        let (s, d) = (src.add(b * 144), dst.add(b * 256));
-        let (dd, dmin) = (f16_at(s), f16_at(s.add(2)));
-        let scales = std::slice::from_raw_parts(s.add(4), 12);
-        for c in 0..4 {
-            // Byte l of the 32 at 16 + 32c: value 64c + l (low nibble), 64c + 32 + l (high).
-            let v = _mm256_loadu_si256(s.add(16 + 32 * c) as *const __m256i);
-            let halves = [_mm256_and_si256(v, low), _mm256_and_si256(_mm256_srli_epi16::<4>(v), low)];
-            for (h, q) in halves.into_iter().enumerate() {
-                let (sc, m) = scale_min_k4(2 * c + h, scales);
-                let (mul, sub) = (_mm512_set1_ps(dd * sc as f32), _mm512_set1_ps(dmin * m as f32));
-                let q0 = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm256_castsi256_si128(q)));
-                let q1 = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm256_extracti128_si256::<1>(q)));
-                let y0 = _mm512_sub_ps(_mm512_mul_ps(q0, mul), sub);
-                let y1 = _mm512_sub_ps(_mm512_mul_ps(q1, mul), sub);
-                // The second operand fills the low half.
-                let bf: __m512i = std::mem::transmute(_mm512_cvtne2ps_pbh(y1, y0));
-                _mm512_storeu_si512(d.add(64 * c + 32 * h) as *mut __m512i, bf);
-            }
-        }
-    }
-}
-
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn q5_k_block(src: *const u8, dst: *mut f32) {
     let (low, one) = (_mm_set1_epi8(0x0f), _mm_set1_epi8(1));
