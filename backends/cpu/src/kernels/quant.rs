@@ -192,7 +192,7 @@ fn check_weights(k: usize, w: &[u8], dtype: DType, nrows: usize) -> Result<()> {
 
 
 mod prepared;
-pub(crate) use prepared::{in_groups, Prepared};
+pub(crate) use prepared::{in_groups, Aligned, Prepared};
 
 #[cfg(all(test, target_arch = "x86_64"))]
 mod int8_tests;

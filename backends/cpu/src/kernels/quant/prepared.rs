@@ -85,6 +85,10 @@ pub(crate) struct Prepared<'a> {
     /// The integer instructions the int8 kernels use.
     #[cfg(target_arch = "x86_64")]
     isa: crate::kernels::x86::qdot_i8::Isa,
+    /// Q4_K's activations in token pairs, where the 512-bit pair kernel runs
+    /// ([`crate::kernels::x86::qdot_i8::k4_pairs`]).
+    #[cfg(target_arch = "x86_64")]
+    pairs: Option<crate::kernels::x86::qdot_i8::k4_pairs::Pairs>,
 }
 
 impl<'a> Prepared<'a> {
@@ -160,6 +164,7 @@ impl<'a> Prepared<'a> {
             } else {
                 (xv, xs)
             };
+            let pairs = int8.as_ref().and_then(|i| pairs(isa, dtype, i, &aux, n, kp));
             Ok(Some(Self {
                 dtype,
                 n,
@@ -170,6 +175,7 @@ impl<'a> Prepared<'a> {
                 int8,
                 fp8_bf16,
                 isa,
+                pairs,
             }))
         }
     }
@@ -183,7 +189,14 @@ impl<'a> Prepared<'a> {
             let kp = self.dtype.padded(self.k);
             self.int8 = Some(int8_codes(&self.x, self.xs, self.n, kp, self.dtype, isa, &self.aux));
         }
+        self.pairs = self.int8.as_ref().and_then(|i| pairs(isa, self.dtype, i, &self.aux, self.n, self.dtype.padded(self.k)));
         self
+    }
+
+    /// Whether the 512-bit pair kernel serves these tokens (tests name what they covered).
+    #[cfg(all(test, target_arch = "x86_64"))]
+    pub(crate) fn has_pairs(&self) -> bool {
+        self.pairs.is_some()
     }
 
     /// `out[t*os + r] = x_t · row(r)` for the prepared tokens and the `nrows` rows at the
@@ -219,9 +232,18 @@ impl<'a> Prepared<'a> {
             let kp = dtype.padded(k);
             let blocks = kp / dtype.block_elems();
             let auxs = blocks * qdot::aux_per_block(dtype);
+            // Token pairs first where the pair kernel runs (the same bits as the rest take).
+            let mut first = 0;
+            if let Some(p) = &self.pairs {
+                // SAFETY: `pairs` confirmed the pair kernel's instructions (VBMI with GFNI's
+                // variant) and laid out `blocks` whole blocks per token; `w` and `out` were
+                // checked above.
+                unsafe { p.run(self.isa == qdot_i8::Isa::Avx512Gfni, w.as_ptr(), dtype.row_bytes(k), nrows, out, os) };
+                first = 2 * p.pairs();
+            }
             // More tokens than a pass takes (a prefill [`in_groups`]) go through the rows given
             // here a group at a time: the rows, one pool task's share, stay in cache.
-            for g0 in (0..n).step_by(qdot::MAX_TOKENS) {
+            for g0 in (first..n).step_by(qdot::MAX_TOKENS) {
                 let cnt = qdot::MAX_TOKENS.min(n - g0);
                 let out = out.add(g0 * os);
                 if let Some(xb) = &self.fp8_bf16 {
@@ -278,6 +300,15 @@ impl<'a> Prepared<'a> {
         }
         Ok(())
     }
+}
+
+/// Q4_K's int8 activations in token pairs for the 512-bit pair kernel, where `isa` is an
+/// AVX-512 variant, the CPU runs it and there are [`k4_pairs::MIN_TOKENS`] tokens or more.
+#[cfg(target_arch = "x86_64")]
+fn pairs(isa: crate::kernels::x86::qdot_i8::Isa, dtype: DType, i: &Int8, aux: &[f32], n: usize, kp: usize) -> Option<crate::kernels::x86::qdot_i8::k4_pairs::Pairs> {
+    use crate::kernels::x86::qdot_i8::{k4_pairs, Isa};
+    let wide = matches!(isa, Isa::Avx512Vnni | Isa::Avx512Vbmi | Isa::Avx512Gfni);
+    (dtype == DType::Q4K && n >= k4_pairs::MIN_TOKENS && wide && k4_pairs::available()).then(|| k4_pairs::Pairs::new(&i.q, &i.d, aux, n, kp))
 }
 
 /// A product's int8 activations.

@@ -28,6 +28,7 @@ use super::qdot::{f16_splat, hsum, prefetch_offset, E2M1_X2};
 mod fp4;
 mod isa;
 mod kquants;
+pub(crate) mod k4_pairs;
 mod order;
 pub(crate) mod mxfp4_zmm;
 pub(crate) mod q6_k_zmm;

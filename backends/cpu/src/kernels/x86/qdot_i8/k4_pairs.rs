@@ -1,0 +1,217 @@
+//! Q4_K products of two or more tokens on 512-bit registers, two tokens a register: the
+//! lower 256 bits of each register hold one token's lanes of [`super::kquants::q4_k_blk`],
+//! the upper bits the next token's, against the block's codes loaded into both halves.
+//!
+//! Every lane takes the operations of the 256-bit kernel in the same order (integer sums,
+//! which are exact in any order; then one conversion, the scale multiply, the multiply-add
+//! and the min term, then the same horizontal sum), so a token's products are the bits it
+//! gets alone or in groups of four: prefills stay batch-invariant and a prompt restored from
+//! the prefix store continues as one prefilled whole.
+//!
+//! The 256-bit kernel spends ~25 vector operations a token and block on its sums and their
+//! scaling, and with its codes' unpacking shared by four tokens ~34 in all (one warm Xeon
+//! thread: 140 GFLOP/s from 4 tokens on). Here those per-token operations serve two tokens, and
+//! the unpacking eight pairs. `vpdpbusd` on 512 bits issues twice a cycle on the Xeon here,
+//! as often as on 256 (a register-only loop: 1.7 against 1.8 a cycle).
+
+use super::super::qdot::{hsum, prefetch_offset};
+use super::{permps, Dot};
+use std::arch::x86_64::*;
+
+/// Most token pairs one pass over a row serves: eight accumulators and eight code registers
+/// leave room for the sums in the 32 vector registers.
+pub(crate) const MAX_PAIRS: usize = 8;
+
+/// Fewest tokens a product hands the pair kernel. With one or two pairs the unpacking on
+/// 512-bit registers, where port 1 takes no vector work, costs more than it saves; one warm
+/// thread, `2048 × 768`, GFLOP/s of the 256-bit kernel → this one: 2 tokens 115 → 92, 4 tokens
+/// 142 → 135, 8 tokens 140 → 190, 16 140 → 205, 512 132 → 170–178.
+pub(crate) const MIN_TOKENS: usize = 8;
+
+/// Bytes of one Q4_K block.
+const BB: usize = 144;
+
+/// Whether this CPU runs the pair kernel (AVX-512 F/BW/VL with VNNI).
+pub(crate) fn available() -> bool {
+    std::arch::is_x86_feature_detected!("avx512f")
+        && std::arch::is_x86_feature_detected!("avx512bw")
+        && std::arch::is_x86_feature_detected!("avx512vl")
+        && std::arch::is_x86_feature_detected!("avx512vnni")
+}
+
+/// Token pairs' activations, interleaved per 32 bytes (codes) and per 8 values (scales,
+/// sub-block sums) so that one 512-bit load takes both tokens' part.
+pub(crate) struct Pairs {
+    /// Per pair, per 256-value block: eight 64-byte chunks, chunk `i` the first token's codes
+    /// `32i..32i + 32` of the block (in [`super::q4_k_order`]) then the second's.
+    q: crate::kernels::quant::Aligned<i8>,
+    /// Per pair, per block: the first token's eight scales (in the order of the sums), then
+    /// the second's.
+    d: crate::kernels::quant::Aligned<f32>,
+    /// Per pair, per block: the two tokens' eight exact sub-block sums, likewise.
+    a: crate::kernels::quant::Aligned<f32>,
+    /// Pairs held.
+    pairs: usize,
+    /// Blocks per token.
+    blocks: usize,
+}
+
+impl Pairs {
+    /// The first `2·(n / 2)` of `n` tokens' Q4_K activations: codes `q` (in
+    /// [`super::q4_k_order`], `kp` a token), scales `d` (`kp / 32` a token, in the order of the
+    /// sums) and sub-block sums `aux` (`kp / 32` a token).
+    pub(crate) fn new(q: &[i8], d: &[f32], aux: &[f32], n: usize, kp: usize) -> Pairs {
+        let (pairs, blocks) = (n / 2, kp / 256);
+        let mut pq = crate::kernels::quant::Aligned::zeroed(pairs * 2 * kp);
+        let mut pd = crate::kernels::quant::Aligned::zeroed(pairs * blocks * 16);
+        let mut pa = crate::kernels::quant::Aligned::zeroed(pairs * blocks * 16);
+        for p in 0..pairs {
+            for h in 0..2 {
+                let t = 2 * p + h;
+                for b in 0..blocks {
+                    for i in 0..8 {
+                        let dst = (p * blocks + b) * 512 + 64 * i + 32 * h;
+                        pq[dst..dst + 32].copy_from_slice(&q[t * kp + b * 256 + 32 * i..][..32]);
+                    }
+                    let dst = (p * blocks + b) * 16 + 8 * h;
+                    pd[dst..dst + 8].copy_from_slice(&d[t * blocks * 8 + b * 8..][..8]);
+                    pa[dst..dst + 8].copy_from_slice(&aux[t * blocks * 8 + b * 8..][..8]);
+                }
+            }
+        }
+        Pairs { q: pq, d: pd, a: pa, pairs, blocks }
+    }
+
+    /// Pairs held (tokens `0..2·pairs`).
+    pub(crate) fn pairs(&self) -> usize {
+        self.pairs
+    }
+
+    /// `out[t·os + r] = x_t · row(r)` for tokens `0..2·pairs` and rows `0..nrows` of `w`
+    /// (`rb` bytes a row), `MAX_PAIRS` pairs a pass over the rows, on the sums of `gfni`'s
+    /// scale unpacking ([`super::Isa::Avx512Gfni`]) or the plain one.
+    ///
+    /// # Safety
+    /// [`available`] (and AVX-512 VBMI where `gfni`); `w` holds `nrows` rows of `blocks`
+    /// whole blocks; `out` holds `(2·pairs − 1)·os + nrows` values nothing else touches.
+    pub(crate) unsafe fn run(&self, gfni: bool, w: *const u8, rb: usize, nrows: usize, out: *mut f32, os: usize) {
+        for p0 in (0..self.pairs).step_by(MAX_PAIRS) {
+            let job = Job {
+                q: self.q.as_ptr().add(p0 * self.blocks * 512),
+                d: self.d.as_ptr().add(p0 * self.blocks * 16),
+                a: self.a.as_ptr().add(p0 * self.blocks * 16),
+                w,
+                rb,
+                blocks: self.blocks,
+                out: out.add(2 * p0 * os),
+                os,
+            };
+            let cnt = MAX_PAIRS.min(self.pairs - p0);
+            if gfni {
+                gfni_rows(&job, cnt, nrows);
+            } else {
+                plain_rows(&job, cnt, nrows);
+            }
+        }
+    }
+}
+
+/// One pass: up to [`MAX_PAIRS`] pairs over rows of `w`.
+struct Job {
+    q: *const i8,
+    d: *const f32,
+    a: *const f32,
+    w: *const u8,
+    rb: usize,
+    blocks: usize,
+    out: *mut f32,
+    os: usize,
+}
+
+macro_rules! driver {
+    ($name:ident, $d:ty, $feat:tt) => {
+        #[target_feature(enable = $feat)]
+        unsafe fn $name(j: &Job, pairs: usize, nrows: usize) {
+            for r in 0..nrows {
+                match pairs {
+                    1 => row::<$d, 1>(j, r),
+                    2 => row::<$d, 2>(j, r),
+                    3 => row::<$d, 3>(j, r),
+                    4 => row::<$d, 4>(j, r),
+                    5 => row::<$d, 5>(j, r),
+                    6 => row::<$d, 6>(j, r),
+                    7 => row::<$d, 7>(j, r),
+                    _ => row::<$d, 8>(j, r),
+                }
+            }
+        }
+    };
+}
+
+driver!(plain_rows, super::Avx512Vnni, "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni");
+driver!(gfni_rows, super::Avx512Gfni, "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,gfni");
+
+/// [`super::kquants::dwords_4x4`] in each 256-bit half.
+#[inline(always)]
+unsafe fn dwords_4x4(c: [__m512i; 4]) -> [__m512i; 4] {
+    let (lo01, lo23) = (_mm512_unpacklo_epi32(c[0], c[1]), _mm512_unpacklo_epi32(c[2], c[3]));
+    let (hi01, hi23) = (_mm512_unpackhi_epi32(c[0], c[1]), _mm512_unpackhi_epi32(c[2], c[3]));
+    [
+        _mm512_unpacklo_epi64(lo01, lo23),
+        _mm512_unpackhi_epi64(lo01, lo23),
+        _mm512_unpacklo_epi64(hi01, hi23),
+        _mm512_unpackhi_epi64(hi01, hi23),
+    ]
+}
+
+/// Both halves of a 512-bit register set to `v`.
+#[inline(always)]
+unsafe fn twice(v: __m256) -> __m512 {
+    // The 64-bit-lane forms: the 32-bit ones need AVX-512 DQ.
+    _mm512_castpd_ps(_mm512_insertf64x4::<1>(_mm512_castpd256_pd512(_mm256_castps_pd(v)), _mm256_castps_pd(v)))
+}
+
+/// Row `r` against `P` pairs ([`super::kquants::q4_k_blk`] lane for lane).
+#[inline(always)]
+unsafe fn row<D: Dot, const P: usize>(j: &Job, r: usize) {
+    let mut acc = [_mm512_setzero_ps(); P];
+    let w = j.w.add(r * j.rb);
+    let m4 = _mm512_set1_epi8(0x0f);
+    let lanes = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
+    // Per 256-bit half, `[x.high | y.low]` of 128-bit halves (`vperm2i128 0x21` there).
+    let inner = _mm512_setr_epi64(2, 3, 8, 9, 6, 7, 12, 13);
+    for b in 0..j.blocks {
+        let p = w.add(b * BB);
+        let ahead = prefetch_offset::<1>(j.rb, b * BB);
+        for off in [0, 64, 128] {
+            super::super::prefetch(p.wrapping_add(ahead + off));
+        }
+        let (scd, mv) = D::k4_scaled(p);
+        let (scd, mv) = (twice(permps(scd, lanes)), twice(mv));
+        let ld = |c: usize| _mm512_broadcast_i64x4(_mm256_loadu_si256(p.add(16 + 32 * c) as *const __m256i));
+        let z = dwords_4x4([ld(0), ld(1), ld(2), ld(3)]);
+        let l = z.map(|v| _mm512_and_si512(v, m4));
+        let h = z.map(|v| _mm512_and_si512(_mm512_srli_epi16::<4>(v), m4));
+        for (t, acc) in acc.iter_mut().enumerate() {
+            let pb = (t * j.blocks + b) * 512;
+            let a = |i: usize| _mm512_loadu_si512(j.q.add(pb + 64 * i) as *const _);
+            let dp = |acc: __m512i, u: __m512i, i: usize| _mm512_dpbusd_epi32(acc, u, a(i));
+            let z0 = _mm512_setzero_si512();
+            let lo = _mm512_add_epi32(dp(dp(z0, l[0], 0), l[1], 2), dp(dp(z0, l[2], 4), l[3], 6));
+            let hi = _mm512_add_epi32(dp(dp(z0, h[0], 1), h[1], 3), dp(dp(z0, h[2], 5), h[3], 7));
+            // `halves_epi32` per token: even sub-blocks in lanes 0..4, odd ones in 4..8.
+            let sums = _mm512_add_epi32(_mm512_mask_blend_epi32(0xF0F0, lo, hi), _mm512_permutex2var_epi64(lo, inner, hi));
+            let sb = (t * j.blocks + b) * 16;
+            let s = _mm512_mul_ps(scd, _mm512_loadu_ps(j.d.add(sb)));
+            let v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums), s, *acc);
+            *acc = _mm512_fnmadd_ps(mv, _mm512_loadu_ps(j.a.add(sb)), v);
+        }
+    }
+    for (t, v) in acc.iter().enumerate() {
+        // As the 256-bit kernel ends: its unused second accumulator added, the sum scaled by 1.
+        let zero = _mm256_setzero_ps();
+        let (t0, t1) = (_mm512_castps512_ps256(*v), _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(*v))));
+        *j.out.add(2 * t * j.os + r) = hsum(_mm256_add_ps(t0, zero)) * 1.0;
+        *j.out.add((2 * t + 1) * j.os + r) = hsum(_mm256_add_ps(t1, zero)) * 1.0;
+    }
+}
