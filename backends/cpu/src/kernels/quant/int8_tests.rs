@@ -256,35 +256,34 @@ fn grouped_prefill_equals_each_token_alone() {
     }
 }
 
-/// Q4_K's 512-bit pair kernel gives each token the bits the 256-bit kernel gives it alone, in
-/// every AVX-512 variant (the plain scale unpacking and VBMI's), for whole passes of eight
-/// pairs, ragged ones and an odd last token, on rows of 1 to 9 blocks.
+/// Q4_K's and Q5_K's 512-bit pair kernel gives each token the bits the 256-bit kernel gives it
+/// alone, in every AVX-512 variant (the plain scale unpacking and VBMI's), for whole passes of
+/// eight pairs, ragged ones and an odd last token, on rows of 1 to 9 blocks.
 #[test]
-fn q4_k_pairs_equal_each_token_alone() {
+fn k4_pairs_equal_each_token_alone() {
     use crate::kernels::x86::qdot_i8::k4_pairs;
     if !k4_pairs::available() {
         eprintln!("skipped: the pair kernel needs AVX-512 F/BW/VL and VNNI");
         return;
     }
-    let dtype = DType::Q4K;
     let mut rng = Rng::new(0x4b2);
-    let wide: Vec<Isa> = isas("q4_k_pairs_equal_each_token_alone").into_iter().filter(|i| matches!(i, Isa::Avx512Vnni | Isa::Avx512Vbmi | Isa::Avx512Gfni)).collect();
+    let wide: Vec<Isa> = isas("k4_pairs_equal_each_token_alone").into_iter().filter(|i| matches!(i, Isa::Avx512Vnni | Isa::Avx512Vbmi | Isa::Avx512Gfni)).collect();
     assert!(!wide.is_empty(), "AVX-512 VNNI without an AVX-512 int8 variant");
-    for &blocks in &[1usize, 3, 9] {
+    for (dtype, &blocks) in [DType::Q4K, DType::Q5K].into_iter().flat_map(|d| [1usize, 3, 9].iter().map(move |b| (d, b))) {
         let (k, m) = (blocks * 256, 7);
         let (raw, _) = weights(dtype, m, k, &mut rng);
         for &n in &[k4_pairs::MIN_TOKENS, 9, 16, 17, 33] {
             let x = rng.vec(n * k, 1.5);
             for &isa in &wide {
                 let prepared = Prepared::new(SimdLevel::Auto, QuantDot::Int8, &x, k, n, k, dtype).expect("prepare").expect("an int8 kernel").with_isa(isa);
-                assert!(prepared.has_pairs(), "{isa:?} n={n}: the pair kernel was not taken");
+                assert!(prepared.has_pairs(), "{dtype} {isa:?} n={n}: the pair kernel was not taken");
                 let mut together = vec![0f32; n * m];
                 prepared.run(&raw, m, &mut together, m).expect("run");
                 for t in 0..n {
                     let mut alone = vec![0f32; m];
                     int8_block(isa, &x[t * k..][..k], k, 1, k, &raw, dtype, m, &mut alone, m);
                     let got = &together[t * m..][..m];
-                    assert!(got.iter().zip(&alone).all(|(a, b)| a.to_bits() == b.to_bits()), "{isa:?} blocks={blocks} n={n} t={t}: {got:?} vs alone {alone:?}");
+                    assert!(got.iter().zip(&alone).all(|(a, b)| a.to_bits() == b.to_bits()), "{dtype} {isa:?} blocks={blocks} n={n} t={t}: {got:?} vs alone {alone:?}");
                 }
             }
         }

@@ -14,8 +14,10 @@ use ft_backend::{DType, Result};
 /// groups against the bf16 tiles (the tiles' figure moves by 15 % between runs here): Q4_K
 /// 120 / 77, MXFP4 128 / 82 (on its 512-bit kernel), Q6_K 110 / 81 (on its 512-bit kernel;
 /// 76 / 90 on the 256-bit one), Q8_0 97 / 67–87 (unsigned codes, activations 64-byte
-/// aligned); the others keep the tiles, their int8 kernels at 4 tokens being no clearly
-/// faster (Q5_K 78–90 / 72–83, Q4_0 80 / 80–86, NVFP4 90 / 81–87).
+/// aligned); Q4_K and Q5_K take 8 tokens or more on 512-bit registers, two a register
+/// ([`crate::kernels::x86::qdot_i8::k4_pairs`]; Q4_K 190–205, Q5_K 160–190 from 8 tokens,
+/// where Q5_K's decode-to-scratch route took 38–91); the others keep the tiles, their int8
+/// kernels at 4 tokens being no clearly faster (Q4_0 80 / 80–86, NVFP4 90 / 81–87).
 ///
 /// The AMX tiles ([`crate::kernels::gemv::amx_tiles`]) take only FP8 from these, from
 /// [`crate::kernels::x86::amx::FP8_MIN_TOKENS`] (`x86::fp8_tiles`: its codes unscaled and
@@ -56,6 +58,7 @@ pub(crate) fn in_groups(level: SimdLevel, dot: QuantDot, dtype: DType, n: usize,
         match dtype {
             DType::F8E4M3 => crate::kernels::x86::fp8_bf16::available(),
             DType::Q4K | DType::Mxfp4 => true,
+            DType::Q5K => crate::kernels::x86::qdot_i8::k4_pairs::available(),
             // Only their kernels of the variant's own beat the tiles.
             DType::Q8_0 | DType::Q6K => crate::kernels::x86::qdot_i8::Isa::best(level).own_sums(dtype),
             _ => false,
@@ -85,7 +88,7 @@ pub(crate) struct Prepared<'a> {
     /// The integer instructions the int8 kernels use.
     #[cfg(target_arch = "x86_64")]
     isa: crate::kernels::x86::qdot_i8::Isa,
-    /// Q4_K's activations in token pairs, where the 512-bit pair kernel runs
+    /// Q4_K's or Q5_K's activations in token pairs, where the 512-bit pair kernel runs
     /// ([`crate::kernels::x86::qdot_i8::k4_pairs`]).
     #[cfg(target_arch = "x86_64")]
     pairs: Option<crate::kernels::x86::qdot_i8::k4_pairs::Pairs>,
@@ -238,7 +241,7 @@ impl<'a> Prepared<'a> {
                 // SAFETY: `pairs` confirmed the pair kernel's instructions (VBMI with GFNI's
                 // variant) and laid out `blocks` whole blocks per token; `w` and `out` were
                 // checked above.
-                unsafe { p.run(self.isa == qdot_i8::Isa::Avx512Gfni, w.as_ptr(), dtype.row_bytes(k), nrows, out, os) };
+                unsafe { p.run(dtype == DType::Q5K, self.isa == qdot_i8::Isa::Avx512Gfni, w.as_ptr(), dtype.row_bytes(k), nrows, out, os) };
                 first = 2 * p.pairs();
             }
             // More tokens than a pass takes (a prefill [`in_groups`]) go through the rows given
@@ -302,13 +305,14 @@ impl<'a> Prepared<'a> {
     }
 }
 
-/// Q4_K's int8 activations in token pairs for the 512-bit pair kernel, where `isa` is an
-/// AVX-512 variant, the CPU runs it and there are [`k4_pairs::MIN_TOKENS`] tokens or more.
+/// Q4_K's or Q5_K's int8 activations in token pairs for the 512-bit pair kernel, where `isa`
+/// is an AVX-512 variant, the CPU runs it and there are [`k4_pairs::MIN_TOKENS`] tokens or
+/// more.
 #[cfg(target_arch = "x86_64")]
 fn pairs(isa: crate::kernels::x86::qdot_i8::Isa, dtype: DType, i: &Int8, aux: &[f32], n: usize, kp: usize) -> Option<crate::kernels::x86::qdot_i8::k4_pairs::Pairs> {
     use crate::kernels::x86::qdot_i8::{k4_pairs, Isa};
     let wide = matches!(isa, Isa::Avx512Vnni | Isa::Avx512Vbmi | Isa::Avx512Gfni);
-    (dtype == DType::Q4K && n >= k4_pairs::MIN_TOKENS && wide && k4_pairs::available()).then(|| k4_pairs::Pairs::new(&i.q, &i.d, aux, n, kp))
+    (matches!(dtype, DType::Q4K | DType::Q5K) && n >= k4_pairs::MIN_TOKENS && wide && k4_pairs::available()).then(|| k4_pairs::Pairs::new(&i.q, &i.d, aux, n, kp))
 }
 
 /// A product's int8 activations.

@@ -1,6 +1,7 @@
-//! Q4_K products of two or more tokens on 512-bit registers, two tokens a register: the
-//! lower 256 bits of each register hold one token's lanes of [`super::kquants::q4_k_blk`],
-//! the upper bits the next token's, against the block's codes loaded into both halves.
+//! Q4_K and Q5_K products of several tokens on 512-bit registers, two tokens a register: the
+//! lower 256 bits of each register hold one token's lanes of [`super::kquants::q4_k_blk`]
+//! ([`super::kquants::q5_k_blk`]), the upper bits the next token's, against the block's codes
+//! loaded into both halves.
 //!
 //! Every lane takes the operations of the 256-bit kernel in the same order (integer sums,
 //! which are exact in any order; then one conversion, the scale multiply, the multiply-add
@@ -28,8 +29,6 @@ pub(crate) const MAX_PAIRS: usize = 8;
 /// 142 → 135, 8 tokens 140 → 190, 16 140 → 205, 512 132 → 170–178.
 pub(crate) const MIN_TOKENS: usize = 8;
 
-/// Bytes of one Q4_K block.
-const BB: usize = 144;
 
 /// Whether this CPU runs the pair kernel (AVX-512 F/BW/VL with VNNI).
 pub(crate) fn available() -> bool {
@@ -57,7 +56,7 @@ pub(crate) struct Pairs {
 }
 
 impl Pairs {
-    /// The first `2·(n / 2)` of `n` tokens' Q4_K activations: codes `q` (in
+    /// The first `2·(n / 2)` of `n` tokens' Q4_K or Q5_K activations: codes `q` (in
     /// [`super::q4_k_order`], `kp` a token), scales `d` (`kp / 32` a token, in the order of the
     /// sums) and sub-block sums `aux` (`kp / 32` a token).
     pub(crate) fn new(q: &[i8], d: &[f32], aux: &[f32], n: usize, kp: usize) -> Pairs {
@@ -88,13 +87,15 @@ impl Pairs {
     }
 
     /// `out[t·os + r] = x_t · row(r)` for tokens `0..2·pairs` and rows `0..nrows` of `w`
-    /// (`rb` bytes a row), `MAX_PAIRS` pairs a pass over the rows, on the sums of `gfni`'s
-    /// scale unpacking ([`super::Isa::Avx512Gfni`]) or the plain one.
+    /// (`rb` bytes a row) of Q5_K where `five`, else Q4_K, `MAX_PAIRS` pairs a pass over the
+    /// rows, on the sums of `gfni`'s scale unpacking ([`super::Isa::Avx512Gfni`]) or the
+    /// plain one.
     ///
     /// # Safety
     /// [`available`] (and AVX-512 VBMI where `gfni`); `w` holds `nrows` rows of `blocks`
     /// whole blocks; `out` holds `(2·pairs − 1)·os + nrows` values nothing else touches.
-    pub(crate) unsafe fn run(&self, gfni: bool, w: *const u8, rb: usize, nrows: usize, out: *mut f32, os: usize) {
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) unsafe fn run(&self, five: bool, gfni: bool, w: *const u8, rb: usize, nrows: usize, out: *mut f32, os: usize) {
         for p0 in (0..self.pairs).step_by(MAX_PAIRS) {
             let job = Job {
                 q: self.q.as_ptr().add(p0 * self.blocks * 512),
@@ -107,10 +108,11 @@ impl Pairs {
                 os,
             };
             let cnt = MAX_PAIRS.min(self.pairs - p0);
-            if gfni {
-                gfni_rows(&job, cnt, nrows);
-            } else {
-                plain_rows(&job, cnt, nrows);
+            match (five, gfni) {
+                (false, false) => plain_rows::<false>(&job, cnt, nrows),
+                (false, true) => gfni_rows::<false>(&job, cnt, nrows),
+                (true, false) => plain_rows::<true>(&job, cnt, nrows),
+                (true, true) => gfni_rows::<true>(&job, cnt, nrows),
             }
         }
     }
@@ -131,17 +133,17 @@ struct Job {
 macro_rules! driver {
     ($name:ident, $d:ty, $feat:tt) => {
         #[target_feature(enable = $feat)]
-        unsafe fn $name(j: &Job, pairs: usize, nrows: usize) {
+        unsafe fn $name<const FIVE: bool>(j: &Job, pairs: usize, nrows: usize) {
             for r in 0..nrows {
                 match pairs {
-                    1 => row::<$d, 1>(j, r),
-                    2 => row::<$d, 2>(j, r),
-                    3 => row::<$d, 3>(j, r),
-                    4 => row::<$d, 4>(j, r),
-                    5 => row::<$d, 5>(j, r),
-                    6 => row::<$d, 6>(j, r),
-                    7 => row::<$d, 7>(j, r),
-                    _ => row::<$d, 8>(j, r),
+                    1 => row::<$d, 1, FIVE>(j, r),
+                    2 => row::<$d, 2, FIVE>(j, r),
+                    3 => row::<$d, 3, FIVE>(j, r),
+                    4 => row::<$d, 4, FIVE>(j, r),
+                    5 => row::<$d, 5, FIVE>(j, r),
+                    6 => row::<$d, 6, FIVE>(j, r),
+                    7 => row::<$d, 7, FIVE>(j, r),
+                    _ => row::<$d, 8, FIVE>(j, r),
                 }
             }
         }
@@ -171,27 +173,51 @@ unsafe fn twice(v: __m256) -> __m512 {
     _mm512_castpd_ps(_mm512_insertf64x4::<1>(_mm512_castpd256_pd512(_mm256_castps_pd(v)), _mm256_castps_pd(v)))
 }
 
-/// Row `r` against `P` pairs ([`super::kquants::q4_k_blk`] lane for lane).
+/// Each 16-bit lane shifted left by `n` (right by `−n`), as [`super::shl16`].
 #[inline(always)]
-unsafe fn row<D: Dot, const P: usize>(j: &Job, r: usize) {
+unsafe fn shl16(v: __m512i, n: i32) -> __m512i {
+    if n >= 0 {
+        _mm512_sll_epi16(v, _mm_cvtsi32_si128(n))
+    } else {
+        _mm512_srl_epi16(v, _mm_cvtsi32_si128(-n))
+    }
+}
+
+/// Row `r` against `P` pairs ([`super::kquants::q4_k_blk`], or `q5_k_blk` where `FIVE`, lane
+/// for lane).
+#[inline(always)]
+unsafe fn row<D: Dot, const P: usize, const FIVE: bool>(j: &Job, r: usize) {
+    let bb = if FIVE { 176 } else { 144 };
     let mut acc = [_mm512_setzero_ps(); P];
     let w = j.w.add(r * j.rb);
-    let m4 = _mm512_set1_epi8(0x0f);
+    let (m4, b4) = (_mm512_set1_epi8(0x0f), _mm512_set1_epi8(0x10));
     let lanes = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
     // Per 256-bit half, `[x.high | y.low]` of 128-bit halves (`vperm2i128 0x21` there).
     let inner = _mm512_setr_epi64(2, 3, 8, 9, 6, 7, 12, 13);
     for b in 0..j.blocks {
-        let p = w.add(b * BB);
-        let ahead = prefetch_offset::<1>(j.rb, b * BB);
+        let p = w.add(b * bb);
+        let ahead = prefetch_offset::<1>(j.rb, b * bb);
         for off in [0, 64, 128] {
             super::super::prefetch(p.wrapping_add(ahead + off));
         }
         let (scd, mv) = D::k4_scaled(p);
         let (scd, mv) = (twice(permps(scd, lanes)), twice(mv));
-        let ld = |c: usize| _mm512_broadcast_i64x4(_mm256_loadu_si256(p.add(16 + 32 * c) as *const __m256i));
-        let z = dwords_4x4([ld(0), ld(1), ld(2), ld(3)]);
-        let l = z.map(|v| _mm512_and_si512(v, m4));
-        let h = z.map(|v| _mm512_and_si512(_mm512_srli_epi16::<4>(v), m4));
+        let ld = |o: usize| _mm512_broadcast_i64x4(_mm256_loadu_si256(p.add(o) as *const __m256i));
+        let (l, h) = if FIVE {
+            let qh = ld(16);
+            let (mut lo, mut hi) = ([_mm512_setzero_si512(); 4], [_mm512_setzero_si512(); 4]);
+            for c in 0..4 {
+                let v = ld(48 + 32 * c);
+                let bl = _mm512_and_si512(shl16(qh, 4 - 2 * c as i32), b4);
+                let bh = _mm512_and_si512(shl16(qh, 3 - 2 * c as i32), b4);
+                lo[c] = _mm512_or_si512(_mm512_and_si512(v, m4), bl);
+                hi[c] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16::<4>(v), m4), bh);
+            }
+            (dwords_4x4(lo), dwords_4x4(hi))
+        } else {
+            let z = dwords_4x4([ld(16), ld(48), ld(80), ld(112)]);
+            (z.map(|v| _mm512_and_si512(v, m4)), z.map(|v| _mm512_and_si512(_mm512_srli_epi16::<4>(v), m4)))
+        };
         for (t, acc) in acc.iter_mut().enumerate() {
             let pb = (t * j.blocks + b) * 512;
             let a = |i: usize| _mm512_loadu_si512(j.q.add(pb + 64 * i) as *const _);
