@@ -11,9 +11,9 @@
 //!
 //! The 256-bit kernel spends ~25 vector operations a token and block on its sums and their
 //! scaling, and with its codes' unpacking shared by four tokens ~34 in all (one warm Xeon
-//! thread: 140 GFLOP/s from 4 tokens on). Here those per-token operations serve two tokens, and
-//! the unpacking eight pairs. `vpdpbusd` on 512 bits issues twice a cycle on the Xeon here,
-//! as often as on 256 (a register-only loop: 1.7 against 1.8 a cycle).
+//! thread: 140 GFLOP/s from 4 tokens on). Here those per-token operations serve two tokens,
+//! and the unpacking eight pairs. `vpdpbusd` on 512 bits issues twice a cycle on the Xeon
+//! here, as often as on 256 (a register-only loop: 1.7 against 1.8 a cycle).
 
 use super::super::qdot::{hsum, prefetch_offset};
 use super::{permps, Dot};
@@ -28,7 +28,6 @@ pub(crate) const MAX_PAIRS: usize = 8;
 /// thread, `2048 × 768`, GFLOP/s of the 256-bit kernel → this one: 2 tokens 115 → 92, 4 tokens
 /// 142 → 135, 8 tokens 140 → 190, 16 140 → 205, 512 132 → 170–178.
 pub(crate) const MIN_TOKENS: usize = 8;
-
 
 /// Whether this CPU runs the pair kernel (AVX-512 F/BW/VL with VNNI).
 pub(crate) fn available() -> bool {
