@@ -216,8 +216,9 @@ fn grouped_prefill_equals_each_token_alone() {
         let (k, m) = (5 * dtype.block_elems(), 200);
         let (raw, dec) = weights(dtype, m, k, &mut rng);
         let kp = dtype.padded(k);
-        // 17 and 35: Q4_K's pair kernel takes up to 16 tokens a pass and an odd last token
-        // goes alone; FP8 meets the AMX tiles from 64 (not bit-identical, see `in_groups`).
+        // 17 and 35: the Q4_K and Q5_K pair kernel takes up to 16 tokens a pass and an odd
+        // last token goes alone; FP8 meets the AMX tiles from 32 (not bit-identical, see
+        // `in_groups`).
         for n in [5usize, 9, 14, 2, 17, 35] {
             if n > 4 && !in_groups(SimdLevel::Auto, QuantDot::Int8, dtype, n, k) {
                 continue;
@@ -287,6 +288,32 @@ fn k4_pairs_equal_each_token_alone() {
                 }
             }
         }
+    }
+}
+
+/// `FT_AMX_QUANT_PREFILL=1`'s routing (`in_groups_with`): where the CPU has AMX tiles, the
+/// integer types' products of 32 tokens or more leave their int8 kernels for the tiles and
+/// shorter ones stay; without the request every one stays.
+#[test]
+fn amx_quant_prefill_sends_long_products_to_the_tiles() {
+    use super::prepared::in_groups_with;
+    let k = 2048;
+    let tiles = crate::kernels::gemv::amx_tiles(SimdLevel::Auto, QuantDot::Int8, 64, k);
+    eprintln!("AMX tiles on this CPU: {tiles}");
+    let mut checked = 0;
+    for dtype in [DType::Q4K, DType::Q5K, DType::Q6K, DType::Q8_0, DType::Mxfp4] {
+        if !in_groups_with(SimdLevel::Auto, QuantDot::Int8, dtype, 64, k, false) {
+            continue;
+        }
+        checked += 1;
+        assert!(in_groups_with(SimdLevel::Auto, QuantDot::Int8, dtype, 16, k, true), "{dtype}: 16 tokens stay in groups");
+        assert!(in_groups_with(SimdLevel::Auto, QuantDot::Int8, dtype, 31, k, true), "{dtype}: 31 tokens stay in groups");
+        assert_eq!(in_groups_with(SimdLevel::Auto, QuantDot::Int8, dtype, 32, k, true), !tiles, "{dtype}: 32 tokens");
+        assert_eq!(in_groups_with(SimdLevel::Auto, QuantDot::Int8, dtype, 512, k, true), !tiles, "{dtype}: 512 tokens");
+        assert!(in_groups_with(SimdLevel::Auto, QuantDot::Int8, dtype, 512, k, false), "{dtype}: without the request");
+    }
+    if checked == 0 {
+        eprintln!("skipped: no integer type runs its int8 kernels in groups on this CPU");
     }
 }
 

@@ -39,7 +39,21 @@ use ft_backend::{DType, Result};
 /// at 5 tokens) keeps the tiles: in groups, the int8 prefill of a short prompt moved the
 /// qwen3_5_moe NVFP4 fixture's next logits by 0.79 of their scale (its gated-delta state
 /// carries the prefill's rounding; the tests allow 0.5).
+///
+/// `FT_AMX_QUANT_PREFILL=1` gives the integer types' prefills of 32 tokens or more back to the
+/// tiles ([`in_groups_with`]), for those who would rather have the speed than exact reuse.
 pub(crate) fn in_groups(level: SimdLevel, dot: QuantDot, dtype: DType, n: usize, k: usize) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    let tiles = crate::kernels::x86::amx::quant_prefill_requested();
+    #[cfg(not(target_arch = "x86_64"))]
+    let tiles = false;
+    in_groups_with(level, dot, dtype, n, k, tiles)
+}
+
+/// [`in_groups`], the integer types' prefills of
+/// [`crate::kernels::x86::amx::FP8_MIN_TOKENS`] tokens or more left to the AMX tiles where
+/// `tiles_for_integers` and the tiles run (`FT_AMX_QUANT_PREFILL=1`).
+pub(crate) fn in_groups_with(level: SimdLevel, dot: QuantDot, dtype: DType, n: usize, k: usize, tiles_for_integers: bool) -> bool {
     #[cfg(target_arch = "x86_64")]
     {
         if dot != QuantDot::Int8 {
@@ -55,6 +69,10 @@ pub(crate) fn in_groups(level: SimdLevel, dot: QuantDot, dtype: DType, n: usize,
         if dtype == DType::F8E4M3 && crate::kernels::gemv::fp8_on_tiles(level, dot, n, k) {
             return false;
         }
+        // FP8's threshold: rows widened to bf16 first repay from about 24 tokens.
+        if tiles_for_integers && n >= crate::kernels::x86::amx::FP8_MIN_TOKENS && crate::kernels::gemv::amx_tiles(level, dot, n, k) {
+            return false;
+        }
         match dtype {
             DType::F8E4M3 => crate::kernels::x86::fp8_bf16::available(),
             DType::Q4K | DType::Mxfp4 => true,
@@ -66,7 +84,7 @@ pub(crate) fn in_groups(level: SimdLevel, dot: QuantDot, dtype: DType, n: usize,
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
-        let _ = (level, dot, dtype, n, k);
+        let _ = (level, dot, dtype, n, k, tiles_for_integers);
         false
     }
 }

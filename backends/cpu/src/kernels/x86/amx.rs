@@ -32,6 +32,23 @@ pub(crate) const MIN_TOKENS: usize = 16;
 /// 73–89 GFLOP/s against the int8 kernel's ~120, 32 tokens 139–166).
 pub(crate) const FP8_MIN_TOKENS: usize = 2 * MIN_TOKENS;
 
+/// Whether `FT_AMX_QUANT_PREFILL=1` asks for the integer block types' prefills on the tiles
+/// ([`crate::kernels::quant::in_groups`]): 512-token prefills of the 12-layer models here
+/// 1.7–2.5× faster, but a token's products then differ between a prefill (bf16 activations)
+/// and a decode step (int8), so a prompt restored from the prefix store may continue with
+/// other tokens than one prefilled whole (`prefix_reuse::agent_transcript_gguf_model` fails
+/// with it). Read once.
+pub(crate) fn quant_prefill_requested() -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| {
+        let on = std::env::var("FT_AMX_QUANT_PREFILL").is_ok_and(|v| v == "1");
+        if on {
+            tracing::info!("FT_AMX_QUANT_PREFILL=1: integer block types prefill on the AMX tiles where the CPU has them; a prompt restored from the prefix store may then continue with other tokens than one prefilled whole");
+        }
+        on
+    })
+}
+
 /// Whether the CPU has AMX-TILE and AMX-BF16 and the kernel granted this process the tile
 /// state (`arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)`); asked once.
 pub(crate) fn available() -> bool {
