@@ -43,7 +43,7 @@ pub(crate) fn quant_prefill_requested() -> bool {
     *ON.get_or_init(|| {
         let on = std::env::var("FT_AMX_QUANT_PREFILL").is_ok_and(|v| v == "1");
         if on {
-            tracing::info!("FT_AMX_QUANT_PREFILL=1: integer block types prefill on the AMX tiles where the CPU has them; a prompt restored from the prefix store may then continue with other tokens than one prefilled whole");
+            tracing::warn!("FT_AMX_QUANT_PREFILL=1: integer block types prefill on the AMX tiles where the CPU has them; a prompt restored from the prefix store may then continue with other tokens than one prefilled whole");
         }
         on
     })
