@@ -103,16 +103,15 @@ async fn check_dir(name: &str, dir: &Path, reference: bool, slots: u64, mode: Mo
         engine.shutdown().await;
     }
     let engine = Engine::spawn(config(dir, slots, mode, reuse, pages, kv, dot), None).await.unwrap();
-    // Four start together; four more arrive as soon as those decode, so steps mix prompt
-    // chunks with decodes. (Waiting for four tokens, in 1 ms naps, sometimes let the first
-    // four finish their 12 tokens of a tiny model before the others were in.)
+    // Four start together and four more, the long prompts, queue behind them at once: the
+    // first four decode while the others' prompts go in 12-token chunks, so steps mix prompt
+    // chunks with decodes. (Waiting for the first token before sending the others, even in
+    // 200 µs naps, sometimes let the first four finish their 12 tokens of a tiny model on a
+    // busy machine before the others were in: at most 4 sequences shared a step.)
     let mut first: Vec<_> = ps[..4].iter().map(|p| tokio::spawn({
         let (e, p) = (engine.clone(), p.clone());
         async move { run(&e, p).await }
     })).collect();
-    while engine.stats().await.unwrap().tokens_generated < 1 {
-        tokio::time::sleep(std::time::Duration::from_micros(200)).await;
-    }
     let rest: Vec<_> = ps[4..].iter().map(|p| tokio::spawn({
         let (e, p) = (engine.clone(), p.clone());
         async move { run(&e, p).await }
