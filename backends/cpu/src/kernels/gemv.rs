@@ -317,7 +317,7 @@ fn bf16_activations(level: SimdLevel, dot: QuantDot, x: &[f32], n: usize, k: usi
         let quantized_prefill = dtype.is_quantized()
             && n > super::x86::qdot::MAX_TOKENS
             && !super::quant::in_groups(level, dot, dtype, n, k)
-            && (dtype != DType::F8E4M3 || fp8_on_tiles(level, dot, n, k));
+            && (dtype != DType::F8E4M3 || widened_on_tiles(level, dot, n, k));
         if n > 0 && dot == QuantDot::Int8 && (dtype == DType::BF16 || quantized_prefill) && level.effective() == SimdLevel::Avx512 && dpbf16::available() {
             let len = need(n, k, "n·k")?;
             let x = x.get(..len).ok_or_else(|| shape_err(format!("matmul of {n} tokens × k={k}: x holds {} values", x.len())))?;
@@ -331,12 +331,13 @@ fn bf16_activations(level: SimdLevel, dot: QuantDot, x: &[f32], n: usize, k: usi
     Ok(None)
 }
 
-/// Whether an FP8 product of `n` tokens of `k` runs on the AMX tiles (from
-/// [`super::x86::amx::FP8_MIN_TOKENS`]).
-pub(crate) fn fp8_on_tiles(level: SimdLevel, dot: QuantDot, n: usize, k: usize) -> bool {
+/// Whether a product of `n` tokens of `k` whose rows are widened to bf16 for the tiles (FP8's;
+/// the integer types' under `FT_AMX_QUANT_PREFILL=1`) runs on them (from
+/// [`super::x86::amx::WIDENED_MIN_TOKENS`]).
+pub(crate) fn widened_on_tiles(level: SimdLevel, dot: QuantDot, n: usize, k: usize) -> bool {
     #[cfg(target_arch = "x86_64")]
     {
-        n >= super::x86::amx::FP8_MIN_TOKENS && amx_tiles(level, dot, n, k)
+        n >= super::x86::amx::WIDENED_MIN_TOKENS && amx_tiles(level, dot, n, k)
     }
     #[cfg(not(target_arch = "x86_64"))]
     {

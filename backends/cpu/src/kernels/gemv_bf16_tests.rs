@@ -250,7 +250,7 @@ fn quantized_prefill_matches_rounded_dequantized_reference() {
                 }
                 // FP8 from 32 tokens on the AMX tiles: its codes unscaled (exact in bf16), the
                 // scales applied in f32 per block, so only the activations are rounded.
-                let fp8_tiles = dtype == DType::F8E4M3 && fp8_on_tiles(SimdLevel::Auto, QuantDot::Int8, n, k);
+                let fp8_tiles = dtype == DType::F8E4M3 && widened_on_tiles(SimdLevel::Auto, QuantDot::Int8, n, k);
                 let bf16_path = has_dpbf16() && (dtype != DType::F8E4M3 || fp8_tiles);
                 for t in 0..n {
                     for r in 0..m {

@@ -20,7 +20,7 @@ use ft_backend::{DType, Result};
 /// kernels at 4 tokens being no clearly faster (Q4_0 80 / 80–86, NVFP4 90 / 81–87).
 ///
 /// The AMX tiles ([`crate::kernels::gemv::amx_tiles`]) take only FP8 from these, from
-/// [`crate::kernels::x86::amx::FP8_MIN_TOKENS`] (`x86::fp8_tiles`: its codes unscaled and
+/// [`crate::kernels::x86::amx::WIDENED_MIN_TOKENS`] (`x86::fp8_tiles`: its codes unscaled and
 /// exact, bf16 activations as in its own kernel, so only the f32 summation order differs).
 /// The integer types stay in groups though the tiles prefill 2.3× faster (12-layer Q8_0 GGUF,
 /// 512 tokens, 2 threads of a Xeon: 224 against 97 tok/s): the tiles round the activations to
@@ -51,7 +51,7 @@ pub(crate) fn in_groups(level: SimdLevel, dot: QuantDot, dtype: DType, n: usize,
 }
 
 /// [`in_groups`], the integer types' prefills of
-/// [`crate::kernels::x86::amx::FP8_MIN_TOKENS`] tokens or more left to the AMX tiles where
+/// [`crate::kernels::x86::amx::WIDENED_MIN_TOKENS`] tokens or more left to the AMX tiles where
 /// `tiles_for_integers` and the tiles run (`FT_AMX_QUANT_PREFILL=1`).
 pub(crate) fn in_groups_with(level: SimdLevel, dot: QuantDot, dtype: DType, n: usize, k: usize, tiles_for_integers: bool) -> bool {
     #[cfg(target_arch = "x86_64")]
@@ -66,11 +66,7 @@ pub(crate) fn in_groups_with(level: SimdLevel, dot: QuantDot, dtype: DType, n: u
             }
             SimdLevel::Scalar | SimdLevel::Auto => return false,
         }
-        if dtype == DType::F8E4M3 && crate::kernels::gemv::fp8_on_tiles(level, dot, n, k) {
-            return false;
-        }
-        // FP8's threshold: rows widened to bf16 first repay from about 24 tokens.
-        if tiles_for_integers && n >= crate::kernels::x86::amx::FP8_MIN_TOKENS && crate::kernels::gemv::amx_tiles(level, dot, n, k) {
+        if (dtype == DType::F8E4M3 || tiles_for_integers) && crate::kernels::gemv::widened_on_tiles(level, dot, n, k) {
             return false;
         }
         match dtype {

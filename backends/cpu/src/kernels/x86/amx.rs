@@ -26,11 +26,12 @@ pub(crate) const KSTEP: usize = 32;
 /// Fewest tokens a product takes the tiles for: one token tile, so the 16-wide sums are not
 /// mostly padding, and batched decode (fewer sequences than this) keeps `vdpbf16ps`'s bits.
 pub(crate) const MIN_TOKENS: usize = 16;
-/// Fewest tokens an FP8 product leaves its own kernel for the tiles
-/// ([`crate::kernels::quant::in_groups`]): its rows are widened to bf16 first, which the
-/// integer types' tiles repaid from about 24 tokens (one thread, Q4_K 768 × 2048: 16 tokens
-/// 73–89 GFLOP/s against the int8 kernel's ~120, 32 tokens 139–166).
-pub(crate) const FP8_MIN_TOKENS: usize = 2 * MIN_TOKENS;
+/// Fewest tokens a product whose rows must first be widened to bf16 (FP8, and the integer
+/// types under [`quant_prefill_requested`]) leaves its own kernel for the tiles
+/// ([`crate::kernels::quant::in_groups`]): the widening is repaid from about 24 tokens (one
+/// thread, Q4_K 768 × 2048: 16 tokens 73–89 GFLOP/s against the int8 kernel's ~120, 32 tokens
+/// 139–166).
+pub(crate) const WIDENED_MIN_TOKENS: usize = 2 * MIN_TOKENS;
 
 /// Whether `FT_AMX_QUANT_PREFILL=1` asks for the integer block types' prefills on the tiles
 /// ([`crate::kernels::quant::in_groups`]): 512-token prefills of the 12-layer models here
