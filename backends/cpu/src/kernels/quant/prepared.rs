@@ -326,7 +326,7 @@ impl<'a> Prepared<'a> {
 fn pairs(isa: crate::kernels::x86::qdot_i8::Isa, dtype: DType, i: &Int8, aux: &[f32], n: usize, kp: usize) -> Option<crate::kernels::x86::qdot_i8::k4_pairs::Pairs> {
     use crate::kernels::x86::qdot_i8::{k4_pairs, Isa};
     let wide = matches!(isa, Isa::Avx512Vnni | Isa::Avx512Vbmi | Isa::Avx512Gfni);
-    (matches!(dtype, DType::Q4K | DType::Q5K) && n >= k4_pairs::MIN_TOKENS && wide && k4_pairs::available()).then(|| k4_pairs::Pairs::new(&i.q, &i.d, aux, n, kp))
+    (matches!(dtype, DType::Q4K | DType::Q5K) && n >= k4_pairs::MIN_TOKENS && wide && k4_pairs::available()).then(|| k4_pairs::Pairs::new(&i.q, &i.d, aux, n, kp, isa.k4_crossed()))
 }
 
 /// A product's int8 activations.
@@ -387,7 +387,7 @@ fn int8_codes(x: &[f32], xs: usize, n: usize, kp: usize, dtype: DType, isa: crat
     // that read extras were given theirs above).
     match dtype {
         _ if with_extras => {}
-        DType::Q4K | DType::Q5K => qdot_i8::q4_k_order(&mut q, &mut d),
+        DType::Q4K | DType::Q5K => qdot_i8::q4_k_order(&mut q, &mut d, isa.k4_crossed()),
         DType::Q6K => qdot_i8::q6_k_order(&mut q),
         // Per token: whole runs of eight blocks only, the last blocks as they are.
         DType::Q4_0 => q.chunks_exact_mut(kp).for_each(qdot_i8::blocks8_order),

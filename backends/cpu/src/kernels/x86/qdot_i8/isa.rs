@@ -47,6 +47,13 @@ impl Isa {
         }
     }
 
+    /// Whether this variant's Q4_K/Q5_K kernels read crossed code registers ([`Dot::CROSSED`]),
+    /// so the activations are laid out for them ([`super::q4_k_order`]): where one affine byte
+    /// transform selects the crossed nibbles, the crossing costs no more than the plain split.
+    pub(crate) fn k4_crossed(self) -> bool {
+        self == Isa::Avx512Gfni
+    }
+
     /// Whether `dtype`'s products run a kernel of this variant's own, with its own activation
     /// order and per-token extras: MXFP4 and Q6_K on 512-bit registers ([`mxfp4_zmm`],
     /// [`q6_k_zmm`]), Q8_0 with unsigned codes ([`super::q8_0u_quad`]).
@@ -122,6 +129,10 @@ impl Isa {
 /// instructions of one [`Isa`]. Results are identical across variants: `vpmaddubsw`'s i16
 /// pair sums cannot saturate for the codes here (see the module docs).
 pub(super) trait Dot {
+    /// Whether the Q4_K/Q5_K kernels read [`super::kquants::k4_crossed`]'s code registers
+    /// (AVX-512 VL with GFNI), against activations in [`super::q4_k_order`]'s crossed layout
+    /// ([`Isa::k4_crossed`]).
+    const CROSSED: bool = false;
     /// `Σ u·i` per group of four bytes.
     unsafe fn dot_u(u: __m256i, i: __m256i) -> __m256i;
     /// `acc + Σ u·i` per group of four bytes.
@@ -389,6 +400,7 @@ impl Dot for Avx512Vnni {
 }
 
 impl Dot for Avx512Gfni {
+    const CROSSED: bool = true;
     #[inline(always)]
     unsafe fn dot_u(u: __m256i, i: __m256i) -> __m256i {
         Avx512Vnni::dot_u(u, i)

@@ -56,9 +56,9 @@ pub(crate) struct Pairs {
 
 impl Pairs {
     /// The first `2·(n / 2)` of `n` tokens' Q4_K or Q5_K activations: codes `q` (in
-    /// [`super::q4_k_order`], `kp` a token), scales `d` (`kp / 32` a token, in the order of the
-    /// sums) and sub-block sums `aux` (`kp / 32` a token).
-    pub(crate) fn new(q: &[i8], d: &[f32], aux: &[f32], n: usize, kp: usize) -> Pairs {
+    /// [`super::q4_k_order`], crossed where `crossed`, `kp` a token), scales `d` (`kp / 32` a
+    /// token, in the order of the sums) and sub-block sums `aux` (`kp / 32` a token).
+    pub(crate) fn new(q: &[i8], d: &[f32], aux: &[f32], n: usize, kp: usize, crossed: bool) -> Pairs {
         let (pairs, blocks) = (n / 2, kp / 256);
         let mut pq = crate::kernels::quant::Aligned::zeroed(pairs * 2 * kp);
         let mut pd = crate::kernels::quant::Aligned::zeroed(pairs * blocks * 16);
@@ -68,14 +68,21 @@ impl Pairs {
                 let t = 2 * p + h;
                 for b in 0..blocks {
                     let src = &q[t * kp + b * 256..][..256];
-                    for i in 0..4 {
-                        // `L_i` and `H_i` of [`super::q4_k_order`] at `64i` and `64i + 32`: the
-                        // registers `A_i` and `B_i` of [`row`] take their 16-byte halves crossed.
-                        let (l, hh) = (&src[64 * i..][..32], &src[64 * i + 32..][..32]);
-                        for (c, (lo, hi)) in [(&l[..16], &hh[16..]), (&l[16..], &hh[..16])].into_iter().enumerate() {
-                            let dst = (p * blocks + b) * 512 + 64 * (2 * i + c) + 32 * h;
-                            pq[dst..dst + 16].copy_from_slice(lo);
-                            pq[dst + 16..dst + 32].copy_from_slice(hi);
+                    let dst = (p * blocks + b) * 512 + 32 * h;
+                    if crossed {
+                        for c in 0..8 {
+                            pq[dst + 64 * c..][..32].copy_from_slice(&src[32 * c..][..32]);
+                        }
+                    } else {
+                        for i in 0..4 {
+                            // `L_i` and `H_i` at `64i` and `64i + 32`: `A_i` and `B_i` of [`row`]
+                            // take their 16-byte halves crossed.
+                            let (l, hh) = (&src[64 * i..][..32], &src[64 * i + 32..][..32]);
+                            for (c, (lo, hi)) in [(&l[..16], &hh[16..]), (&l[16..], &hh[..16])].into_iter().enumerate() {
+                                let at = dst + 64 * (2 * i + c);
+                                pq[at..at + 16].copy_from_slice(lo);
+                                pq[at + 16..at + 32].copy_from_slice(hi);
+                            }
                         }
                     }
                     let dst = (p * blocks + b) * 16 + 8 * h;

@@ -29,10 +29,21 @@ const fn blocks8_slot(v: usize) -> usize {
     64 * (x % 16 / 4) + 32 * (x / 16) + 4 * l + x % 4
 }
 
+/// [`q4_k_slot`] for the crossed code registers ([`super::kquants::k4_crossed`]): in each 64
+/// bytes, `A_i` takes the lower 16 bytes of `L_i` then the upper 16 of `H_i`, `B_i` the upper
+/// 16 of `L_i` then the lower 16 of `H_i`.
+const fn q4_k_crossed_slot(v: usize) -> usize {
+    let slot = q4_k_slot(v);
+    // 16-byte pieces `L_lo, L_hi, H_lo, H_hi` become `L_lo, H_hi, L_hi, H_lo`.
+    const PIECE: [usize; 4] = [0, 2, 3, 1];
+    slot / 64 * 64 + 16 * PIECE[slot % 64 / 16] + slot % 16
+}
+
 /// The int8 orders of [`dword_moves`].
 #[derive(Clone, Copy)]
 enum Order {
     Q4K,
+    Q4KCrossed,
     Q6K,
     Blocks8,
 }
@@ -45,6 +56,7 @@ const fn dword_moves(order: Order) -> [u8; 64] {
     while g < 64 {
         let slot = match order {
             Order::Q4K => q4_k_slot(4 * g),
+            Order::Q4KCrossed => q4_k_crossed_slot(4 * g),
             Order::Q6K => q6_k_slot(4 * g),
             Order::Blocks8 => blocks8_slot(4 * g),
         };
@@ -76,11 +88,13 @@ pub(crate) fn blocks8_order(q: &mut [i8]) {
 }
 
 /// Puts each token's int8 codes `q` and scales `d` (one per 32 values) in the order
-/// [`q4_k_blk`] reads: per 256-value block the codes as [`q4_k_slot`] places them and the
-/// eight scales in the lane order of the sums ([`Q4K_LANES`]).
-pub(crate) fn q4_k_order(q: &mut [i8], d: &mut [f32]) {
+/// [`q4_k_blk`] reads: per 256-value block the codes as [`q4_k_slot`] places them (where
+/// `crossed`, [`q4_k_crossed_slot`]: [`super::Isa::k4_crossed`]) and the eight scales in the
+/// lane order of the sums ([`Q4K_LANES`]).
+pub(crate) fn q4_k_order(q: &mut [i8], d: &mut [f32], crossed: bool) {
     const MOVES: [u8; 64] = dword_moves(Order::Q4K);
-    move_dwords(q, &MOVES);
+    const CROSSED: [u8; 64] = dword_moves(Order::Q4KCrossed);
+    move_dwords(q, if crossed { &CROSSED } else { &MOVES });
     for g in d.chunks_exact_mut(8) {
         let natural = [g[0], g[1], g[2], g[3], g[4], g[5], g[6], g[7]];
         for (o, &j) in g.iter_mut().zip(&Q4K_LANES) {
