@@ -248,12 +248,13 @@ unsafe fn row<D: Dot, const P: usize, const FIVE: bool, const GFNI: bool>(j: &Jo
             let qh = ld(16);
             let qs = _mm512_shuffle_i64x2::<0xB1>(qh, qh);
             let rot = _mm512_setr_epi32(4, 2, 0, 30, 3, 1, 31, 29, 4, 2, 0, 30, 3, 1, 31, 29);
-            // 0xF8: a | (b & c).
-            let fifth = |codes: __m512i, bits: __m512i| _mm512_ternarylogic_epi32::<0xF8>(codes, _mm512_rolv_epi32(bits, rot), b4);
+            // A macro, not a closure: closures do not inherit the driver's target features
+            // (as in `kquants::k4_crossed`).
             macro_rules! each {
                 ($($i:literal),*) => {$(
-                    ab[2 * $i] = fifth(ab[2 * $i], _mm512_shuffle_epi32::<{ 0x55 * $i }>(qh));
-                    ab[2 * $i + 1] = fifth(ab[2 * $i + 1], _mm512_shuffle_epi32::<{ 0x55 * $i }>(qs));
+                    // 0xF8: a | (b & c).
+                    ab[2 * $i] = _mm512_ternarylogic_epi32::<0xF8>(ab[2 * $i], _mm512_rolv_epi32(_mm512_shuffle_epi32::<{ 0x55 * $i }>(qh), rot), b4);
+                    ab[2 * $i + 1] = _mm512_ternarylogic_epi32::<0xF8>(ab[2 * $i + 1], _mm512_rolv_epi32(_mm512_shuffle_epi32::<{ 0x55 * $i }>(qs), rot), b4);
                 )*};
             }
             each!(0, 1, 2, 3);
