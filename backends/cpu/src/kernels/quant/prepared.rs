@@ -14,7 +14,7 @@ use ft_backend::{DType, Result};
 /// groups against the bf16 tiles (the tiles' figure moves by 15 % between runs here): Q4_K
 /// 120 / 77, MXFP4 128 / 82 (on its 512-bit kernel), Q6_K 110 / 81 (on its 512-bit kernel;
 /// 76 / 90 on the 256-bit one), Q8_0 97 / 67–87 (unsigned codes, activations 64-byte
-/// aligned); Q4_K and Q5_K take 8 tokens or more on 512-bit registers, two a register
+/// aligned; 146 with eight blocks transposed, [`crate::kernels::x86::qdot_i8`]); Q4_K and Q5_K take 8 tokens or more on 512-bit registers, two a register
 /// ([`crate::kernels::x86::qdot_i8::k4_pairs`]; Q4_K 195–230, Q5_K 160–215 from 8 tokens,
 /// where Q5_K's decode-to-scratch route took 38–91); the others keep the tiles, their int8
 /// kernels at 4 tokens being no clearly faster (Q4_0 80 / 80–86, NVFP4 90 / 81–87).

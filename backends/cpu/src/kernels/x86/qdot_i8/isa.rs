@@ -56,7 +56,7 @@ impl Isa {
 
     /// Whether `dtype`'s products run a kernel of this variant's own, with its own activation
     /// order and per-token extras: MXFP4 and Q6_K on 512-bit registers ([`mxfp4_zmm`],
-    /// [`q6_k_zmm`]), Q8_0 with unsigned codes ([`super::q8_0u_quad`]).
+    /// [`q6_k_zmm`]), Q8_0 with unsigned codes, eight blocks transposed ([`super::q8_0u_oct`]).
     pub(crate) fn own_sums(self, dtype: DType) -> bool {
         matches!(self, Isa::Avx512Vbmi | Isa::Avx512Gfni)
             && matches!(dtype, DType::Mxfp4 | DType::Q8_0 | DType::Q6K)
@@ -102,7 +102,11 @@ impl Isa {
                 mxfp4_zmm::order(q);
             }
             DType::Q6K => q6_k_zmm::extras(d, sums, out),
-            _ => q8_0u_extras(q, out),
+            // Q8_0: the extras from the blocks in their own order, then the runs transposed.
+            _ => {
+                q8_0u_extras(q, out);
+                super::order::q8_0_oct_order(q);
+            }
         }
     }
 

@@ -39,6 +39,13 @@ const fn q4_k_crossed_slot(v: usize) -> usize {
     slot / 64 * 64 + 16 * PIECE[slot % 64 / 16] + slot % 16
 }
 
+/// Where value `v` of eight Q8_0 blocks sits in [`q8_0_oct_order`]: byte `4l + e` of register
+/// `i` ([`super::q8_0u_oct`]) is value `4i + e` of block `l`.
+const fn q8_0_oct_slot(v: usize) -> usize {
+    let (l, x) = (v / 32, v % 32);
+    32 * (x / 4) + 4 * l + x % 4
+}
+
 /// The int8 orders of [`dword_moves`].
 #[derive(Clone, Copy)]
 enum Order {
@@ -46,6 +53,7 @@ enum Order {
     Q4KCrossed,
     Q6K,
     Blocks8,
+    Q8Oct,
 }
 
 /// Per group of four values of a 256-value block (which move together), the group `order`
@@ -59,6 +67,7 @@ const fn dword_moves(order: Order) -> [u8; 64] {
             Order::Q4KCrossed => q4_k_crossed_slot(4 * g),
             Order::Q6K => q6_k_slot(4 * g),
             Order::Blocks8 => blocks8_slot(4 * g),
+            Order::Q8Oct => q8_0_oct_slot(4 * g),
         };
         m[g] = (slot / 4) as u8;
         g += 1;
@@ -83,6 +92,15 @@ fn move_dwords(q: &mut [i8], moves: &[u8; 64]) {
 /// run of eight blocks as [`blocks8_slot`] places it, the blocks after the last run as they are.
 pub(crate) fn blocks8_order(q: &mut [i8]) {
     const MOVES: [u8; 64] = dword_moves(Order::Blocks8);
+    let whole = q.len() / 256 * 256;
+    move_dwords(&mut q[..whole], &MOVES);
+}
+
+/// Puts one token's int8 codes `q` in the order [`super::q8_0u_oct`] reads: each whole run of
+/// eight blocks as [`q8_0_oct_slot`] places it, the blocks after the last run as they are (for
+/// [`super::q8_0u_blk`]).
+pub(crate) fn q8_0_oct_order(q: &mut [i8]) {
+    const MOVES: [u8; 64] = dword_moves(Order::Q8Oct);
     let whole = q.len() / 256 * 256;
     move_dwords(&mut q[..whole], &MOVES);
 }
