@@ -26,7 +26,8 @@
 //!
 //! `FT_BENCH_THREADS` sets the worker count (default: the backend's); `FT_BENCH_DTYPES`
 //! (comma-separated names such as `q8_0,q4_k`) limits the rows; `FT_BENCH_PARTS` (comma-separated
-//! part numbers, e.g. `4`) the parts. Shapes are those of a
+//! part numbers, e.g. `4`) the parts; `FT_BENCH_SIMD=avx2` runs part 3 on the AVX2 kernels (with
+//! AVX-VNNI where the CPU has it), as a CPU without AVX-512 would. Shapes are those of a
 //! Qwen3-30B-A3B expert (hidden 2048, expert width 768): gate/up `k=2048 × 768 rows`, down
 //! `k=768 × 2048 rows`, each timed alone (cache-warm), then 8 experts' gate/up/down in turn
 //! and a cold set of as many experts as make ≥ 192 MiB (far beyond L3), so weights stream
@@ -370,8 +371,14 @@ fn quant_kernel_rate_single_thread() {
     let x = rng.vec(512 * k, 1.0);
     let mut out = vec![0f32; 512 * m];
     let pool = rayon::ThreadPoolBuilder::new().num_threads(1).build().expect("pool");
+    // `FT_BENCH_SIMD=avx2` runs the AVX2 kernels (AVX-VNNI where the CPU has it), as a CPU
+    // without AVX-512 would.
+    let level = match std::env::var("FT_BENCH_SIMD").as_deref() {
+        Ok("avx2") => SimdLevel::Avx2,
+        _ => SimdLevel::Auto,
+    };
     println!(
-        "1 thread, k={k} × {m} rows, warm: GFLOP/s (GB/s of weights) per token count; AMX tiles: {}",
+        "1 thread, k={k} × {m} rows, warm, {level:?} kernels: GFLOP/s (GB/s of weights) per token count; AMX tiles: {}",
         if kernels::amx_tiles() { "yes" } else { "no" }
     );
     for dtype in dtypes() {
@@ -381,8 +388,7 @@ fn quant_kernel_rate_single_thread() {
             line += &format!("  {dot}");
             for n in [1, 2, 4, 5, 8, 12, 16, 32, 64, 128, 512] {
                 let per = time(5, 51, || {
-                    kernels::matmul(Some(&pool), SimdLevel::Auto, dot, &x, n, k, &w, dtype, m, &mut out)
-                        .expect("matmul");
+                    kernels::matmul(Some(&pool), level, dot, &x, n, k, &w, dtype, m, &mut out).expect("matmul");
                 });
                 line += &format!(
                     " n={n}: {:5.1} ({:5.2} GB/s)",

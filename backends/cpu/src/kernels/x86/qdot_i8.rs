@@ -140,10 +140,11 @@ pub(crate) unsafe fn run(isa: Isa, dtype: DType, job: &Job, n: usize, nrows: usi
     debug_assert!((1..=4).contains(&n) && isa.available());
     match isa {
         Isa::Madd => madd::run(dtype, job, n, nrows),
+        Isa::AvxVnni if dtype == DType::Q8_0 => q8_0u::run_vex(job, n, nrows),
         Isa::AvxVnni => avxvnni::run(dtype, job, n, nrows),
+        Isa::Avx512Vnni | Isa::Avx512Vbmi | Isa::Avx512Gfni if dtype == DType::Q8_0 => q8_0u::run(job, n, nrows),
         Isa::Avx512Vnni => avx512vnni::run(dtype, job, n, nrows),
         Isa::Avx512Vbmi | Isa::Avx512Gfni if dtype == DType::Mxfp4 => mxfp4_zmm::run(job, n, nrows),
-        Isa::Avx512Vbmi | Isa::Avx512Gfni if dtype == DType::Q8_0 => q8_0u::run(job, n, nrows),
         Isa::Avx512Vbmi if dtype == DType::Q6K => q6_k_zmm::run(job, n, nrows),
         Isa::Avx512Gfni if dtype == DType::Q6K => q6_k_zmm::run_gfni(job, n, nrows),
         Isa::Avx512Vbmi => avx512vnni::run(dtype, job, n, nrows),
@@ -337,8 +338,8 @@ macro_rules! isa_kernels {
     };
 }
 
-/// The driver of [`q8_0u_oct`], on `vpdpbusd` only ([`Isa::Avx512Vbmi`]): `vpmaddubsw` would
-/// saturate on its unsigned codes.
+/// The drivers of [`q8_0u_oct`], on `vpdpbusd` only (every variant but [`Isa::Madd`]):
+/// `vpmaddubsw` would saturate on its unsigned codes.
 mod q8_0u {
     use super::*;
 
@@ -347,7 +348,14 @@ mod q8_0u {
         q8_0u_rows::<Avx512Vnni, R, N>(j, r0)
     }
 
+    /// [`rows`] in the VEX form of AVX-VNNI.
+    #[target_feature(enable = "avx2,fma,f16c,avxvnni")]
+    unsafe fn rows_vex<const R: usize, const N: usize>(j: &Job, r0: usize) {
+        q8_0u_rows::<AvxVnni, R, N>(j, r0)
+    }
+
     entry!(pub(super) run, rows, 1);
+    entry!(pub(super) run_vex, rows_vex, 1);
 }
 
 isa_kernels!(madd, Madd, "avx2,fma,f16c");

@@ -56,10 +56,14 @@ impl Isa {
 
     /// Whether `dtype`'s products run a kernel of this variant's own, with its own activation
     /// order and per-token extras: MXFP4 and Q6_K on 512-bit registers ([`mxfp4_zmm`],
-    /// [`q6_k_zmm`]), Q8_0 with unsigned codes, eight blocks transposed ([`super::q8_0u_oct`]).
+    /// [`q6_k_zmm`], with VBMI), Q8_0 with unsigned codes, eight blocks transposed
+    /// ([`super::q8_0u_oct`], wherever `vpdpbusd` takes them: `vpmaddubsw` would saturate).
     pub(crate) fn own_sums(self, dtype: DType) -> bool {
-        matches!(self, Isa::Avx512Vbmi | Isa::Avx512Gfni)
-            && matches!(dtype, DType::Mxfp4 | DType::Q8_0 | DType::Q6K)
+        match dtype {
+            DType::Q8_0 => self != Isa::Madd,
+            DType::Mxfp4 | DType::Q6K => matches!(self, Isa::Avx512Vbmi | Isa::Avx512Gfni),
+            _ => false,
+        }
     }
 
     /// Whether `dtype`'s kernel reads per-token extras made with its activations
