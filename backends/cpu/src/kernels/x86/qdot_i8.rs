@@ -452,7 +452,8 @@ unsafe fn q8_0u_blk<D: Dot, const R: usize, const N: usize>(
 /// block, against its codes in [`order::q8_0_oct_order`], and meet the eight blocks' scales in
 /// one conversion and one multiply-add, where four blocks took a token four conversions, four
 /// scale permutes and four multiply-adds. One warm Xeon thread, GFLOP/s at 1/2/4/8 tokens:
-/// 54/81/94/94 → 60/99/146/148.
+/// 53–55/77–83/91–95/92–94 → 60–61/99–102/145–146/146–148 (AVX-512); on AVX-VNNI
+/// 47–48/62–64/76/77–79 → 60/101/135–136/136–137.
 #[inline(always)]
 unsafe fn q8_0u_oct<D: Dot, const R: usize, const N: usize>(
     w: &[*const u8; R],
@@ -471,7 +472,8 @@ unsafe fn q8_0u_oct<D: Dot, const R: usize, const N: usize>(
             };
         }
         let v = dwords_8x8([c!(0), c!(1), c!(2), c!(3), c!(4), c!(5), c!(6), c!(7)]);
-        // Scalar loads of the scales, as `mxfp4_oct` gathers its (see `opaque`).
+        // The eight f16 scales gathered in general registers, as `q4_0_oct` gathers its (see
+        // `opaque`).
         let f16 = |o: usize| opaque((p.add(o) as *const u16).read_unaligned() as u64) as i32;
         let ws = _mm256_cvtph_ps(_mm_setr_epi32(f16(0) | f16(34) << 16, f16(68) | f16(102) << 16, f16(136) | f16(170) << 16, f16(204) | f16(238) << 16));
         for t in 0..N {
