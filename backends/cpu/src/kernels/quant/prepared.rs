@@ -14,7 +14,8 @@ use ft_backend::{DType, Result};
 /// groups against the bf16 tiles (the tiles' figure moves by 15 % between runs here): Q4_K
 /// 120 / 77, MXFP4 128 / 82 (on its 512-bit kernel), Q6_K 110 / 81 (on its 512-bit kernel;
 /// 76 / 90 on the 256-bit one), Q8_0 97 / 67–87 (unsigned codes, activations 64-byte
-/// aligned; 146 with eight blocks transposed, [`crate::kernels::x86::qdot_i8`]); Q4_K and Q5_K take 8 tokens or more on 512-bit registers, two a register
+/// aligned; 146 with eight blocks transposed, [`crate::kernels::x86::qdot_i8`]); Q4_K and
+/// Q5_K take 8 tokens or more on 512-bit registers, two a register
 /// ([`crate::kernels::x86::qdot_i8::k4_pairs`]; Q4_K 195–230, Q5_K 160–215 from 8 tokens,
 /// where Q5_K's decode-to-scratch route took 38–91); the others keep the tiles, their int8
 /// kernels at 4 tokens being no clearly faster (Q4_0 80 / 80–86, NVFP4 90 / 81–87).
@@ -23,7 +24,8 @@ use ft_backend::{DType, Result};
 /// [`crate::kernels::x86::amx::WIDENED_MIN_TOKENS`] (`x86::fp8_tiles`: its codes unscaled and
 /// exact, bf16 activations as in its own kernel, so only the f32 summation order differs).
 /// The integer types stay in groups though the tiles prefill 2.3× faster (12-layer Q8_0 GGUF,
-/// 512 tokens, 2 threads of a Xeon: 224 against 97 tok/s): the tiles round the activations to
+/// 512 tokens, 2 threads of a Xeon: 224 against 97 tok/s; 276 against 148 since Q8_0's
+/// eight-block kernel): the tiles round the activations to
 /// bf16, the kernels to int8 per 32 values, so a prompt restored from the prefix store and
 /// prefilled past the restored part in fewer tokens than the tiles take met other numbers than
 /// one prefilled whole, and the Q8_0 GGUF agent transcript's greedy tokens changed with reuse

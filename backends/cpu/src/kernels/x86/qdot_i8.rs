@@ -10,7 +10,8 @@
 //! * Q8_0, MXFP4, NVFP4 (signed codes, the sign moved onto the activation so `vpmaddubsw` sees
 //!   an unsigned operand; the E2M1 codes of MXFP4's eight-block steps and of NVFP4 instead
 //!   offset by 12 to unsigned, the offset times the activations' integer sum taken back from
-//!   each lane): `s_w · d_g · Σ q·a`;
+//!   each lane; Q8_0's codes where `vpdpbusd` runs offset by 128 to unsigned, `128·Σa` taken
+//!   back through the lanes' start values, [`q8_0u_oct`]): `s_w · d_g · Σ q·a`;
 //! * Q4_0, Q4_K, Q5_K, Q6_K (unsigned codes with an offset or a min): `s · d_g · Σ q·a` minus
 //!   `offset · S`, where `S` is the **exact** f32 sum of `x` over the sub-block (as in
 //!   [`super::qdot`]), so only the code term carries the activation rounding.

@@ -12,10 +12,11 @@ use std::arch::x86_64::*;
 pub(crate) enum Isa {
     /// `vpmaddubsw` then `vpmaddwd` by ones (AVX2).
     Madd,
-    /// `vpdpbusd` in its VEX form (AVX-VNNI: Intel client cores from Alder Lake, Zen 5).
+    /// `vpdpbusd` in its VEX form (AVX-VNNI: Intel client cores from Alder Lake, Zen 5), and
+    /// Q8_0's kernel of its own ([`Isa::own_sums`]).
     AvxVnni,
     /// `vpdpbusd` in its EVEX form on 256-bit registers (AVX512-VNNI with VL: Cascade Lake
-    /// and later Xeons, Zen 4).
+    /// and later Xeons, Zen 4), and Q8_0's kernel of its own.
     Avx512Vnni,
     /// As [`Isa::Avx512Vnni`] (with BW and VBMI: Ice Lake and later, Zen 4), and kernels of
     /// its own where a type has one ([`Isa::own_sums`]), whose f32 sums add in another order.
