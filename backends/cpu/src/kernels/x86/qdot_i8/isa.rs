@@ -106,7 +106,10 @@ impl Isa {
                 mxfp4_zmm::extras(q, d, out);
                 mxfp4_zmm::order(q);
             }
-            DType::Q6K => q6_k_zmm::extras(d, sums, out),
+            DType::Q6K => {
+                q6_k_zmm::extras(d, sums, out);
+                super::order::q6_k_zmm_order(q);
+            }
             // Q8_0: the extras from the blocks in their own order, then the runs transposed.
             _ => {
                 q8_0u_extras(q, out);

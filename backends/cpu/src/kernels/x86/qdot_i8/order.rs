@@ -29,7 +29,7 @@ const fn blocks8_slot(v: usize) -> usize {
     64 * (x % 16 / 4) + 32 * (x / 16) + 4 * l + x % 4
 }
 
-/// [`q4_k_slot`] for the crossed code registers ([`super::kquants::k4_crossed`]): in each 64
+/// [`q4_k_slot`] for the crossed code registers ([`super::Isa::k4_crossed`]): in each 64
 /// bytes, `A_i` takes the lower 16 bytes of `L_i` then the upper 16 of `H_i`, `B_i` the upper
 /// 16 of `L_i` then the lower 16 of `H_i`.
 const fn q4_k_crossed_slot(v: usize) -> usize {
@@ -52,6 +52,7 @@ enum Order {
     Q4K,
     Q4KCrossed,
     Q6K,
+    Q6KZmm,
     Blocks8,
     Q8Oct,
 }
@@ -66,6 +67,7 @@ const fn dword_moves(order: Order) -> [u8; 64] {
             Order::Q4K => q4_k_slot(4 * g),
             Order::Q4KCrossed => q4_k_crossed_slot(4 * g),
             Order::Q6K => q6_k_slot(4 * g),
+            Order::Q6KZmm => q6_k_zmm_slot(4 * g),
             Order::Blocks8 => blocks8_slot(4 * g),
             Order::Q8Oct => q8_0_oct_slot(4 * g),
         };
@@ -134,5 +136,22 @@ const fn q6_k_slot(v: usize) -> usize {
 /// 256-value block); the scales keep theirs.
 pub(crate) fn q6_k_order(q: &mut [i8]) {
     const MOVES: [u8; 64] = dword_moves(Order::Q6K);
+    move_dwords(q, &MOVES);
+}
+
+/// Where value `v` of a Q6_K block sits in [`q6_k_zmm_order`]: the block is read as four
+/// 512-bit registers `Z_0..Z_3` ([`super::q6_k_zmm`]); byte `4l + b` of `Z_k` is value
+/// `4k + b` of sub-block [`super::q6_k_zmm::SUB_OF_LANE`]`[l]` (lane `4c + r`: sub-block
+/// `4r + c`).
+const fn q6_k_zmm_slot(v: usize) -> usize {
+    let (sub, k, b) = (v / 16, v % 16 / 4, v % 4);
+    let (r, c) = (sub / 4, sub % 4);
+    64 * k + 4 * (4 * c + r) + b
+}
+
+/// Puts each token's int8 codes `q` in the order [`super::q6_k_zmm`] reads
+/// ([`q6_k_zmm_slot`] per 256-value block).
+pub(crate) fn q6_k_zmm_order(q: &mut [i8]) {
+    const MOVES: [u8; 64] = dword_moves(Order::Q6KZmm);
     move_dwords(q, &MOVES);
 }

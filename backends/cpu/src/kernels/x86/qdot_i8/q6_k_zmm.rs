@@ -1,19 +1,28 @@
-//! Q6_K on 512-bit registers ([`Isa::Avx512Vbmi`]): half a block (128 values) a step.
+//! Q6_K on 512-bit registers ([`Isa::Avx512Vbmi`]): a whole block (256 values) a step, one
+//! sub-block of 16 per lane.
 //!
 //! The 256-bit kernel ([`super::q6_k_blk`]) builds 32 codes at a time, and for every 32
 //! values permutes a weight scale, broadcasts an activation scale and multiplies the two: about
 //! 80 instructions a block, compute-bound at ~22 GB/s of weights per core (one warm thread),
 //! which on 2 cores kept the output head (Q6_K in a Q4_K_M file) at ~75 % of the read
 //! bandwidth. Here one 64-byte load holds the low bits of a half block's four quarters, one
-//! broadcast and one variable shift give the high bits of two quarters side by side, and
-//! `vpdpbusd` sums 64 codes against the activations in their natural order: lanes `4i..4i+4`
-//! of a step's sum belong to its sub-block `i` of 16. The weight scales `d·sc` are permuted
-//! over those lanes once per row and block; the activation scales come laid out per lane from
-//! [`extras`] (prepared once per token), so a step costs each token one conversion, one
-//! multiply and one FMA. About half the instructions a block of the 256-bit kernel.
+//! broadcast and two affine byte transforms (a variable shift without GFNI) give the high bits
+//! of two quarters side by side: four registers hold the block's 6-bit codes in order, 128-bit
+//! piece `c` of register `s` being sub-block `4s + c`. An in-lane 4 × 4 transpose of 32-bit
+//! words (eight unpacks, shared by every token of the step) then puts word `k` of each
+//! sub-block in lane [`SUB_OF_LANE`] of register `k`, so a token's four `vpdpbusd` against its
+//! activations in [`super::order::q6_k_zmm_order`] add up its 16 sub-block sums in 16 lanes,
+//! which meet the lanes' scales (`d·sc`, permuted once per row and block, times the token's
+//! activation scales laid out per lane in [`extras`]) in one conversion, one multiply and one
+//! multiply-add. The kernel that summed a step's 64 codes in their natural order (four lanes a
+//! sub-block) took each token four conversions, four multiplies and four multiply-adds a block;
+//! one warm thread, GFLOP/s at 1/2/4/16/512 tokens: 69–74/87–92/109–112/111–112/103–105 →
+//! 70–71/110–118/151–153/152–156/135–139.
 //!
 //! The offset term `32·d·Σ sc_i·S_i` uses the exact activation sums `S_i` as every Q6_K
-//! kernel does; the integer sums are exact, only the order of the f32 additions differs.
+//! kernel does, one multiply-add a token and block (the lanes' `32·S_i` from [`extras`]); the
+//! integer sums are exact, and a token's additions are the same whatever the number of tokens
+//! beside it, so decode, batches and prefills keep the same bits.
 
 use super::*;
 
@@ -21,41 +30,31 @@ use super::*;
 const BB: usize = 210;
 /// Values of one block.
 const BE: usize = 256;
-/// Prepared values per token and block in [`extras`]: 64 activation scales laid out per
-/// lane of the four steps' sums, the 16 exact sub-block sums, then each sub-block's
-/// activation scale.
-pub(crate) const EXTRAS: usize = 96;
+/// Prepared values per token and block in [`extras`]: each sum lane's activation scale,
+/// then 32 times its sub-block's exact sum.
+pub(crate) const EXTRAS: usize = 32;
 
-/// `vpermps` indices spreading sub-block scales `4s..4s+4` over the four lanes each of
-/// step `s`'s sums.
-static SPREAD: [[u32; 16]; 4] = {
-    let mut t = [[0u32; 16]; 4];
-    let mut s = 0;
-    while s < 4 {
-        let mut l = 0;
-        while l < 16 {
-            t[s][l] = (4 * s + l / 4) as u32;
-            l += 1;
-        }
-        s += 1;
+/// The sub-block whose sum lane `l` holds: lane `4c + r` is sub-block `4r + c`, where the
+/// in-lane 4 × 4 transpose of the four code registers puts it (its own inverse).
+pub(crate) const SUB_OF_LANE: [usize; 16] = {
+    let mut t = [0usize; 16];
+    let mut l = 0;
+    while l < 16 {
+        t[l] = 4 * (l % 4) + l / 4;
+        l += 1;
     }
     t
 };
 
-/// One token's per-block values ([`EXTRAS`] a block): for step `s` (values `64s..64s+64`),
-/// lanes 0..8 hold the scale of activation group `2s` and lanes 8..16 that of group `2s + 1`;
-/// then the block's 16 exact sub-block sums, then sub-block `i`'s activation scale (that of
-/// group `i / 2`) in lane `i`. `d` holds the token's scales (one per 32 values), `sums` its
-/// sub-block sums (16 per block).
+/// One token's per-block values ([`EXTRAS`] a block) in the lane order of the sums
+/// ([`SUB_OF_LANE`]): lane `l`'s activation scale (that of the group of 32 its sub-block
+/// lies in), then 32 times its sub-block's exact sum (the offset of the codes). `d` holds
+/// the token's scales (one per 32 values), `sums` its sub-block sums (16 per block).
 pub(crate) fn extras(d: &[f32], sums: &[f32], out: &mut [f32]) {
     for ((o, dg), sg) in out.chunks_exact_mut(EXTRAS).zip(d.chunks_exact(BE / QK)).zip(sums.chunks_exact(16)) {
-        for (s, lanes) in o[..64].chunks_exact_mut(16).enumerate() {
-            lanes[..8].fill(dg[2 * s]);
-            lanes[8..].fill(dg[2 * s + 1]);
-        }
-        o[64..80].copy_from_slice(sg);
-        for (i, v) in o[80..].iter_mut().enumerate() {
-            *v = dg[i / 2];
+        for (l, &sub) in SUB_OF_LANE.iter().enumerate() {
+            o[l] = dg[sub / 2];
+            o[16 + l] = 32.0 * sg[sub];
         }
     }
 }
@@ -63,7 +62,8 @@ pub(crate) fn extras(d: &[f32], sums: &[f32], out: &mut [f32]) {
 /// What every block of a row uses.
 #[derive(Clone, Copy)]
 struct Consts {
-    spread: [__m512i; 4],
+    /// `vpshufb` indices putting a block's 16 scale bytes in the lane order of the sums.
+    sub_of_lane: __m128i,
     /// Per 64-bit lane: 0 in the lower half, 2 in the upper (the high bits of quarters 0/2
     /// and 1/3 of a half block).
     shift: __m512i,
@@ -83,8 +83,8 @@ const fn to_bits_4_5(s: u32) -> i64 {
     ((1i64 << s) << 24) | ((1i64 << (s + 1)) << 16)
 }
 
-/// Block `b` of the row at `p0` against `N` tokens: two accumulators a token (the two
-/// quarters' pairs of a half block), the offset term taken off the second.
+/// Block `b` of the row at `p0` against `N` tokens: two accumulators a token, the code term
+/// and the offset term.
 #[inline(always)]
 unsafe fn block<const G: bool, const N: usize>(j: &Job, p0: *const u8, b: usize, c: &Consts, acc: &mut [[__m512; 2]; N]) {
     let p = p0.add(b * BB);
@@ -93,19 +93,17 @@ unsafe fn block<const G: bool, const N: usize>(j: &Job, p0: *const u8, b: usize,
         super::super::prefetch(p.wrapping_add(ahead + o));
     }
     let d = _mm512_cvtph_ps(_mm256_set1_epi16((p.add(208) as *const i16).read_unaligned()));
-    let sc = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(p.add(192) as *const __m128i)));
-    let ws = _mm512_mul_ps(sc, d);
-    let off = _mm512_mul_ps(ws, _mm512_set1_ps(32.0));
-    // One token: its activation scales folded into the weight scales once a block, so a step's
-    // lane scales are a permute, not a permute and a multiply (one warm thread: 27.5 → 29.9
-    // GB/s of weights). More tokens multiply the permuted weight scales by each one's.
-    let scales = if N == 1 { _mm512_mul_ps(ws, _mm512_loadu_ps(j.aux.add(b * EXTRAS + 80))) } else { ws };
+    let sc = _mm_shuffle_epi8(_mm_loadu_si128(p.add(192) as *const __m128i), c.sub_of_lane);
+    let ws = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(sc)), d);
+    // Register `2h` holds values 128h..128h + 64 in order, `2h + 1` the next 64: 128-bit
+    // piece `c` of register `s` is sub-block `4s + c`.
+    let mut r = [_mm512_setzero_si512(); 4];
     for h in 0..2 {
         let ql = _mm512_loadu_si512(p.add(64 * h) as *const _);
         let qh = _mm512_broadcast_i64x4(_mm256_loadu_si256(p.add(128 + 32 * h) as *const __m256i));
         // Quarters 0 and 1: low nibbles, high bits 0–1 (2–3 in the upper half) at bits 4–5;
         // quarters 2 and 3: high nibbles, high bits 4–5 (6–7) at bits 4–5.
-        let (lo, hi) = if G {
+        (r[2 * h], r[2 * h + 1]) = if G {
             let bl = _mm512_gf2p8affine_epi64_epi8::<0>(qh, c.bits_lo);
             let bh = _mm512_gf2p8affine_epi64_epi8::<0>(qh, c.bits_hi);
             // 0xEA: (A & B) | C.
@@ -120,28 +118,32 @@ unsafe fn block<const G: bool, const N: usize>(j: &Job, p0: *const u8, b: usize,
                 _mm512_ternarylogic_epi32::<0xEC>(_mm512_srli_epi16::<4>(ql), _mm512_and_si512(qh, c.m30), c.m4),
             )
         };
-        let (sl, sh) = (
-            _mm512_permutexvar_ps(c.spread[2 * h], scales),
-            _mm512_permutexvar_ps(c.spread[2 * h + 1], scales),
-        );
-        for (t, a) in acc.iter_mut().enumerate() {
-            let q = j.q.add(t * j.qs + b * BE + 128 * h);
-            let x = j.aux.add(t * j.auxs + b * EXTRAS + 32 * h);
-            let zero = _mm512_setzero_si512();
-            let dl = _mm512_dpbusd_epi32(zero, lo, _mm512_loadu_si512(q as *const _));
-            let dh = _mm512_dpbusd_epi32(zero, hi, _mm512_loadu_si512(q.add(64) as *const _));
-            let (fl, fh) = if N == 1 {
-                (sl, sh)
-            } else {
-                (_mm512_mul_ps(sl, _mm512_loadu_ps(x)), _mm512_mul_ps(sh, _mm512_loadu_ps(x.add(16))))
-            };
-            a[0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dl), fl, a[0]);
-            a[1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dh), fh, a[1]);
-        }
     }
+    // The 4 × 4 transpose of 32-bit words in each 128-bit piece: lane `4c + r` of `z[k]` is
+    // word `k` of sub-block `4r + c` ([`SUB_OF_LANE`]).
+    let (lo01, lo23) = (_mm512_unpacklo_epi32(r[0], r[1]), _mm512_unpacklo_epi32(r[2], r[3]));
+    let (hi01, hi23) = (_mm512_unpackhi_epi32(r[0], r[1]), _mm512_unpackhi_epi32(r[2], r[3]));
+    let z = [
+        _mm512_unpacklo_epi64(lo01, lo23),
+        _mm512_unpackhi_epi64(lo01, lo23),
+        _mm512_unpacklo_epi64(hi01, hi23),
+        _mm512_unpackhi_epi64(hi01, hi23),
+    ];
     for (t, a) in acc.iter_mut().enumerate() {
-        let x = j.aux.add(t * j.auxs + b * EXTRAS + 64);
-        a[1] = _mm512_fnmadd_ps(off, _mm512_loadu_ps(x), a[1]);
+        let q = j.q.add(t * j.qs + b * BE);
+        let x = j.aux.add(t * j.auxs + b * EXTRAS);
+        // A macro: a closure would not inherit the driver's target features.
+        macro_rules! ld {
+            ($i:expr) => {
+                _mm512_loadu_si512(q.add(64 * $i) as *const _)
+            };
+        }
+        let s = _mm512_dpbusd_epi32(_mm512_setzero_si512(), z[0], ld!(0));
+        let s = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_dpbusd_epi32(s, z[1], ld!(1)), z[2], ld!(2)), z[3], ld!(3));
+        let f = _mm512_mul_ps(ws, _mm512_loadu_ps(x));
+        a[0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), f, a[0]);
+        // `32·S` (exact: a power of two) against `d·sc`.
+        a[1] = _mm512_fnmadd_ps(ws, _mm512_loadu_ps(x.add(16)), a[1]);
     }
 }
 
@@ -150,7 +152,7 @@ unsafe fn block<const G: bool, const N: usize>(j: &Job, p0: *const u8, b: usize,
 unsafe fn rows_with<const G: bool, const N: usize>(j: &Job, r0: usize) {
     let p0 = j.w.add(r0 * j.rb);
     let c = Consts {
-        spread: SPREAD.map(|s| _mm512_loadu_si512(s.as_ptr() as *const _)),
+        sub_of_lane: _mm_loadu_si128(SUB_OF_LANE.map(|s| s as u8).as_ptr() as *const _),
         shift: _mm512_setr_epi64(0, 0, 0, 0, 2, 2, 2, 2),
         m4: _mm512_set1_epi8(0x0f),
         m30: _mm512_set1_epi8(0x30),
