@@ -161,7 +161,9 @@ impl<'a> Prepared<'a> {
             let mut aux = Aligned::zeroed(n * blocks * apb);
             if let Some(g) = be.checked_div(apb) {
                 for t in 0..n {
-                    sub_block_sums(&xv[t * xs..][..kp], g, &mut aux[t * blocks * apb..][..blocks * apb]);
+                    // SAFETY: the level checked above implies AVX; every type with sums has
+                    // sub-blocks of 16 or 32 values.
+                    unsafe { sub_block_sums(&xv[t * xs..][..kp], g, &mut aux[t * blocks * apb..][..blocks * apb]) };
                 }
             }
             let isa = qdot_i8::Isa::best(level);
@@ -342,23 +344,27 @@ struct Int8 {
     extras: Option<Aligned<f32>>,
 }
 
-/// `sums[i]` = the sum of `x[i·g..(i + 1)·g]`, each added in order from −0.0 (the bits of
-/// `iter().sum()`), eight sub-blocks side by side: one chain of dependent additions at a time
-/// cost a 32-token expert product of a prefill ~60 µs of its activations' preparation.
-fn sub_block_sums(x: &[f32], g: usize, sums: &mut [f32]) {
-    const WAYS: usize = 8;
-    let whole = sums.len() / WAYS * WAYS;
-    for (s8, c) in sums[..whole].chunks_exact_mut(WAYS).zip(x.chunks_exact(WAYS * g)) {
-        let mut acc = [-0.0f32; WAYS];
-        for e in 0..g {
-            for (j, a) in acc.iter_mut().enumerate() {
-                *a += c[j * g + e];
-            }
+/// `sums[i]` = the sum of `x[i·g..(i + 1)·g]`, `g` a multiple of 8: eight partial sums (value
+/// `j` into partial `j mod 8`, in order), then `((p0 + p4) + (p2 + p6)) + ((p1 + p5) + (p3 +
+/// p7))`; the same order for every product, so decode, batches and prefills agree. Added one
+/// by one, eight strided chains side by side in general registers took a 512-token Q4_K_M
+/// prefill ~2.5 % of its samples.
+///
+/// # Safety
+/// The CPU has AVX.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx")]
+unsafe fn sub_block_sums(x: &[f32], g: usize, sums: &mut [f32]) {
+    use std::arch::x86_64::*;
+    debug_assert!(g % 8 == 0 && x.len() >= sums.len() * g);
+    for (s, c) in sums.iter_mut().zip(x.chunks_exact(g)) {
+        let mut p = _mm256_setzero_ps();
+        for run in c.chunks_exact(8) {
+            p = _mm256_add_ps(p, _mm256_loadu_ps(run.as_ptr()));
         }
-        s8.copy_from_slice(&acc);
-    }
-    for (s, c) in sums[whole..].iter_mut().zip(x[whole * g..].chunks_exact(g)) {
-        *s = c.iter().sum();
+        let four = _mm_add_ps(_mm256_castps256_ps128(p), _mm256_extractf128_ps::<1>(p));
+        let two = _mm_add_ps(four, _mm_movehl_ps(four, four));
+        *s = _mm_cvtss_f32(_mm_add_ss(two, _mm_movehdup_ps(two)));
     }
 }
 
