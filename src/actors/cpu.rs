@@ -188,11 +188,21 @@ fn experts_flat(
     use kernels::ManyItem;
     let start = Instant::now();
     let experts = jobs.iter().map(|job| job_expert(host, faults, job)).collect::<Result<Vec<_>, _>>()?;
-    let xs = jobs.iter().map(|job| input.gather(&job.rows)).collect::<Result<Vec<_>, _>>()?;
+    // The experts' inputs gathered, and their outputs allocated, over the pool where there
+    // are many tokens: on one thread, a 512-token prefill's copies (a layer's tokens eight
+    // times over) left the other workers idle. A decode step's few rows stay on this thread.
+    let prepare = |(j, (w, _)): (&CpuJob, &(&ExpertWeights, _))| -> Result<_, PipelineFault> {
+        Ok((input.gather(&j.rows)?, (vec![0f32; j.rows.len() * w.gate.rows], vec![0f32; j.rows.len() * w.up.rows])))
+    };
+    let prepared: Vec<_> = if jobs.iter().map(|j| j.rows.len()).sum::<usize>() < 64 {
+        jobs.iter().zip(&experts).map(prepare).collect::<Result<_, _>>()?
+    } else {
+        use rayon::prelude::*;
+        pool.install(|| jobs.par_iter().zip(&experts).map(prepare).collect::<Result<_, _>>())?
+    };
+    let (xs, mut gu): (Vec<Vec<f32>>, Vec<(Vec<f32>, Vec<f32>)>) = prepared.into_iter().unzip();
     // Which expert a failed phase blames: the kernels' errors are shape errors of the first.
     let fail = |e: BackendError| experts.first().map_or(PipelineFault::Internal(e.to_string()), |(_, err)| err(e));
-    let mut gu: Vec<(Vec<f32>, Vec<f32>)> =
-        jobs.iter().zip(&experts).map(|(j, (w, _))| (vec![0f32; j.rows.len() * w.gate.rows], vec![0f32; j.rows.len() * w.up.rows])).collect();
     let mut items: Vec<ManyItem<'_>> = Vec::with_capacity(2 * jobs.len());
     for (((job, (w, _)), (g, u)), x) in jobs.iter().zip(&experts).zip(&mut gu).zip(&xs) {
         crate::model::reads::add(w.gate.bytes.len() + w.up.bytes.len());

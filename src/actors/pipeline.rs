@@ -23,7 +23,7 @@ use crate::model::weights::ExpertWeights;
 use crate::model::routing::Routing;
 use crate::model::{Model, ModelError};
 use crate::policy::{ExpertKey, Lease, ResolvedMode, SlotId};
-use ft_backend::{Backend, BufferUsage, DType, DeviceBuffer, StreamId};
+use ft_backend::{Backend, BufferUsage, DType, DeviceBuffer, HostRows};
 use ractor::ActorRef;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -247,17 +247,16 @@ impl<'a> PipelineExperts<'a> {
             let batch: CpuBatch = blocking_reply(rx, "CPU executors")??;
             // Both hops: the jobs' wait for a worker, and the reply's for this thread to see it.
             self.stats.messaging_s += batch.queued_s + batch.sent_back.elapsed().as_secs_f64();
-            // One buffer for the layer's outputs, each overwriting the rows it adds: a fresh
-            // one per expert was zeroed on allocation, for every expert of every layer.
-            let most = cpu.iter().map(|e| groups[by_id[e]].1.len()).max().unwrap_or(0);
-            let mut y = scratch(be, most * hidden)?;
-            for (e, d) in cpu.iter().zip(batch.done) {
+            // One call for the layer's outputs, added where they lie in host memory (the CPU
+            // backend splits the tokens over its pool; others upload them into one buffer).
+            let mut parts = Vec::with_capacity(cpu.len());
+            for (e, d) in cpu.iter().zip(&batch.done) {
                 st.cpu_s += d.secs;
                 st.cpu_computed += 1;
                 let (_, rows, weights) = &groups[by_id[e]];
-                be.upload(StreamId::COMPUTE, bytemuck::cast_slice(&d.y), &mut y, 0)?;
-                be.scatter_add_rows(out, &y, rows, weights, hidden)?;
+                parts.push(HostRows { x: &d.y, rows, scales: weights });
             }
+            be.scatter_add_rows_host(out, &parts, hidden)?;
         }
         drop(hits);
         self.stats.layers.entry(layer).or_default().add(&st);

@@ -32,11 +32,13 @@
 //! | gated_delta_rule | `1e-4 · |ref| + 1e-5` for outputs and state (a recurrence over up to 33 steps; chunked forms must stay within it) |
 //! | top_k, gather_rows, copy, upload, download, import | exact |
 //! | matmul_same_x | exact: each part as the backend's own `matmul` computes it |
+//! | scatter_add_rows_host | exact: the parts as the backend's own `scatter_add_rows` adds them one after another; a bad part changes nothing |
 //!
 //! Set `FT_CONFORMANCE_VERBOSE=1` (and run the tests with `--nocapture`) to print, for each
 //! check, the worst ratio of error to bound.
 
 mod cases;
+mod host_rows;
 mod memory;
 mod paged;
 mod recurrent;
@@ -46,6 +48,7 @@ pub use cases::{
     attention, binary, gather_rows, matmul, matmul_quant, rms_norm, rope, scale, scatter_add_rows,
     softmax, top_k,
 };
+pub use host_rows::scatter_add_rows_host;
 pub use memory::{copy_upload_download, errors, import_host, memory, store, streams_events};
 pub use paged::attention_paged;
 pub use recurrent::{causal_conv1d, gated_delta_rule};
@@ -152,6 +155,7 @@ macro_rules! conformance_suite {
         $crate::__conformance_test!(softmax, $make, softmax);
         $crate::__conformance_test!(top_k, $make, top_k);
         $crate::__conformance_test!(scatter_add_rows, $make, scatter_add_rows);
+        $crate::__conformance_test!(scatter_add_rows_host, $make, scatter_add_rows_host);
         $crate::__conformance_test!(causal_conv1d_f32, $make, causal_conv1d, $crate::DType::F32);
         $crate::__conformance_test!(causal_conv1d_bf16, $make, causal_conv1d, $crate::DType::BF16);
         $crate::__conformance_test!(causal_conv1d_f16, $make, causal_conv1d, $crate::DType::F16);

@@ -200,6 +200,38 @@ pub trait Backend: Send + Sync {
         scales: &[f32],
         cols: usize,
     ) -> Result<()>;
+    /// [`Backend::scatter_add_rows`] of each of `parts` in turn, from host memory (the outputs
+    /// of experts run on the CPU): each row of `acc` receives its additions in the order of
+    /// `parts`, so the result is that of the parts added one after another. The default
+    /// uploads each part into one scratch buffer first; a backend that reads host memory adds
+    /// them where they lie.
+    fn scatter_add_rows_host(&self, acc: &mut DeviceBuffer, parts: &[HostRows<'_>], cols: usize) -> Result<()> {
+        let most = parts.iter().map(|p| p.rows.len()).max().unwrap_or(0);
+        if most == 0 || cols == 0 {
+            return Ok(());
+        }
+        // Every part's shape before the first addition, so that an error changes nothing.
+        let acc_rows = acc.len() / cols;
+        let mut xs = Vec::with_capacity(parts.len());
+        for p in parts {
+            let x = p.rows.len().checked_mul(cols).and_then(|n| p.x.get(..n)).ok_or_else(|| {
+                BackendError::Shape(format!("scatter of {} rows × {cols} from {} values", p.rows.len(), p.x.len()))
+            })?;
+            if p.rows.len() != p.scales.len() {
+                return Err(BackendError::Shape(format!("{} rows but {} scales", p.rows.len(), p.scales.len())));
+            }
+            if let Some(bad) = p.rows.iter().find(|&&r| r as usize >= acc_rows) {
+                return Err(BackendError::Shape(format!("row {bad} out of a {acc_rows}-row accumulator")));
+            }
+            xs.push(x);
+        }
+        let mut y = self.alloc(DType::F32, most.saturating_mul(cols), BufferUsage::Scratch)?;
+        for (p, x) in parts.iter().zip(xs) {
+            self.upload(StreamId::COMPUTE, bytemuck::cast_slice(x), &mut y, 0)?;
+            self.scatter_add_rows(acc, &y, p.rows, p.scales, cols)?;
+        }
+        Ok(())
+    }
 
     // --- recurrent layers (Gated DeltaNet) ---------------------------------------------------
     // These have default bodies that report the op as unsupported, so a backend that does not

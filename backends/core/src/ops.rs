@@ -395,3 +395,15 @@ pub struct DeltaRuleInputs<'a> {
     /// `dt_bias`, per value head.
     pub dt_bias: &'a crate::DeviceBuffer,
 }
+
+/// One part of [`crate::Backend::scatter_add_rows_host`]: rows in host memory, each added with
+/// its factor into a row of the accumulator.
+#[derive(Clone, Copy, Debug)]
+pub struct HostRows<'a> {
+    /// `rows.len()` rows of the accumulator's width, one after another.
+    pub x: &'a [f32],
+    /// The accumulator row each row of `x` is added into.
+    pub rows: &'a [u32],
+    /// The factor of each row of `x`.
+    pub scales: &'a [f32],
+}

@@ -5,7 +5,7 @@ use crate::storage::{bytes, bytes_mut, expect_dtype, f32s, f32s_mut, range, CpuS
 use crate::{cpu_model, CpuBackend};
 use ft_backend::{
     AttentionDesc, Backend, BackendError, BackendKind, BinaryOp, BufferUsage, ConvDesc, CopyDesc, KvPages,
-    DType, DeltaRuleDesc, DeltaRuleInputs, DeviceBuffer, EventId, HostBytes, MatmulDesc, MatmulPart,
+    DType, DeltaRuleDesc, DeltaRuleInputs, DeviceBuffer, EventId, HostBytes, HostRows, MatmulDesc, MatmulPart,
     MemoryInfo, Op, Result, RmsNormDesc, RopeDesc, StreamId, TopK,
 };
 use rayon::prelude::*;
@@ -487,6 +487,12 @@ impl Backend for CpuBackend {
         let len = acc.len();
         let a = f32s_mut(acc, 0, len, "scatter acc")?;
         kernels::scatter_add_rows(self.simd, a, &xs, rows, scales, cols)
+    }
+
+    fn scatter_add_rows_host(&self, acc: &mut DeviceBuffer, parts: &[HostRows<'_>], cols: usize) -> Result<()> {
+        let len = acc.len();
+        let a = f32s_mut(acc, 0, len, "scatter acc")?;
+        kernels::scatter_add_parts(&self.pool, self.simd, a, parts, cols)
     }
 
     fn causal_conv1d(

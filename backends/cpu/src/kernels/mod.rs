@@ -31,7 +31,7 @@ pub use many::{matmul_many, matmul_same_x, ManyItem, SameX};
 pub use quant::QuantDot;
 pub use recurrent::{causal_conv1d, gated_delta_rule};
 pub use rope::rope;
-pub use select::{gather_rows, scatter_add_rows, top_k};
+pub use select::{gather_rows, scatter_add_parts, scatter_add_rows, top_k};
 pub use simd::SimdLevel;
 pub use stream::{stream_sum, Loads};
 
