@@ -218,14 +218,15 @@ fn grouped_prefill_equals_each_token_alone() {
         let kp = dtype.padded(k);
         // 17 and 35: the Q4_K and Q5_K pair kernel takes up to 16 tokens a pass and an odd
         // last token goes alone; FP8 meets the AMX tiles from 32 (not bit-identical, see
-        // `in_groups`).
-        for n in [5usize, 9, 14, 2, 17, 35] {
+        // `in_groups`); 70: the activations are prepared over the pool (`PARALLEL_TOKENS`).
+        for n in [5usize, 9, 14, 2, 17, 35, 70] {
             if n > 4 && !in_groups(SimdLevel::Auto, QuantDot::Int8, dtype, n, k) {
                 continue;
             }
             let x = rng.vec(n * k, 1.0);
             let mut together = vec![0f32; n * m];
-            super::super::matmul(Some(&pool), SimdLevel::Auto, QuantDot::Int8, &x, n, k, &raw, dtype, m, &mut together).expect("matmul");
+            // From inside the pool, as the engine calls: large products prepare over it.
+            pool.install(|| super::super::matmul(Some(&pool), SimdLevel::Auto, QuantDot::Int8, &x, n, k, &raw, dtype, m, &mut together)).expect("matmul");
             for t in 0..n {
                 let mut alone = vec![0f32; m];
                 super::super::matmul(Some(&pool), SimdLevel::Auto, QuantDot::Int8, &x[t * k..][..k], 1, k, &raw, dtype, m, &mut alone)

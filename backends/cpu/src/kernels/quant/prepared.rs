@@ -160,11 +160,12 @@ impl<'a> Prepared<'a> {
             let apb = qdot::aux_per_block(dtype);
             let mut aux = Aligned::zeroed(n * blocks * apb);
             if let Some(g) = be.checked_div(apb) {
-                for t in 0..n {
+                let mut tokens: Vec<usize> = (0..n).collect();
+                per_token(n, &mut aux, blocks * apb, &mut tokens, 1, |t, sums, _| {
                     // SAFETY: the level checked above implies AVX; every type with sums has
                     // sub-blocks of 16 or 32 values.
-                    unsafe { sub_block_sums(&xv[t * xs..][..kp], g, &mut aux[t * blocks * apb..][..blocks * apb]) };
-                }
+                    unsafe { sub_block_sums(&xv[t * xs..][..kp], g, sums) };
+                });
             }
             let isa = qdot_i8::Isa::best(level);
             let int8 = (dot == QuantDot::Int8 && qdot_i8::supported(dtype)).then(|| int8_codes(&xv, xs, n, kp, dtype, isa, &aux));
@@ -368,40 +369,60 @@ unsafe fn sub_block_sums(x: &[f32], g: usize, sums: &mut [f32]) {
     }
 }
 
+/// Fewest tokens whose activations [`Prepared::new`] prepares over the pool it runs on: the
+/// attention projections of a 512-token prefill quantized on one thread while the other
+/// waited (~1 % of the samples each way); expert products, which prepare side by side, and
+/// decode stay on their thread.
+#[cfg(target_arch = "x86_64")]
+const PARALLEL_TOKENS: usize = 64;
+
+/// Runs `f(t, chunks of t)` for every token `t` of `n`, over the rayon pool this thread works
+/// in where there are [`PARALLEL_TOKENS`] or more (the same work per token either way).
+#[cfg(target_arch = "x86_64")]
+fn per_token<A: Send, B: Send, F>(n: usize, a: &mut [A], la: usize, b: &mut [B], lb: usize, f: F)
+where
+    F: Fn(usize, &mut [A], &mut [B]) + Sync,
+{
+    if n >= PARALLEL_TOKENS && rayon::current_thread_index().is_some() {
+        use rayon::prelude::*;
+        a.par_chunks_mut(la).zip(b.par_chunks_mut(lb)).take(n).enumerate().for_each(|(t, (a, b))| f(t, a, b));
+    } else {
+        a.chunks_mut(la).zip(b.chunks_mut(lb)).take(n).enumerate().for_each(|(t, (a, b))| f(t, a, b));
+    }
+}
+
 /// Quantizes `n` tokens of `x` (stride `xs`, `kp` values each, whole blocks of `dtype`) to int8
 /// for the kernels of `isa`; `aux` holds the tokens' exact sub-block sums.
 #[cfg(target_arch = "x86_64")]
 fn int8_codes(x: &[f32], xs: usize, n: usize, kp: usize, dtype: DType, isa: crate::kernels::x86::qdot_i8::Isa, aux: &[f32]) -> Int8 {
     use crate::kernels::x86::qdot_i8;
-    let (mut q, mut d) = (Aligned::zeroed(n * kp), vec![0f32; n * kp / qdot_i8::QK]);
-    for t in 0..n {
+    let g = kp / qdot_i8::QK;
+    let with_extras = isa.has_extras(dtype);
+    let (per, sums) = (if with_extras { isa.extras_len(dtype, kp) } else { 1 }, aux.len() / n);
+    let (mut q, mut d, mut e) = (Aligned::zeroed(n * kp), vec![0f32; n * g], Aligned::zeroed(n * per));
+    // Codes and scales per token together: `q` and `d` side by side in chunks, `e` split alike.
+    let mut qd: Vec<(&mut [i8], &mut [f32])> = q.chunks_mut(kp).zip(d.chunks_mut(g)).collect();
+    per_token(n, &mut qd, 1, &mut e, per, |t, qd, e| {
+        let (q, d) = &mut qd[0];
         // SAFETY: `Prepared::new` confirmed AVX2/FMA/F16C; `kp` is a multiple of every int8
         // type's block, itself a multiple of QK, and the slices are sized so.
-        unsafe {
-            qdot_i8::quantize(&x[t * xs..][..kp], &mut q[t * kp..][..kp], &mut d[t * kp / qdot_i8::QK..][..kp / qdot_i8::QK])
-        };
-    }
-    let with_extras = isa.has_extras(dtype);
-    let extras = with_extras.then(|| {
-        let (per, g) = (isa.extras_len(dtype, kp), kp / qdot_i8::QK);
-        let sums = aux.len() / n;
-        let mut e = Aligned::zeroed(n * per);
-        for t in 0..n {
-            isa.make_extras(dtype, &mut q[t * kp..][..kp], &d[t * g..][..g], &aux[t * sums..][..sums], &mut e[t * per..][..per]);
+        unsafe { qdot_i8::quantize(&x[t * xs..][..kp], q, d) };
+        if with_extras {
+            isa.make_extras(dtype, q, d, &aux[t * sums..][..sums], e);
+            return;
         }
-        e
+        // The activation order of the kernels that pair scale groups in one register (the
+        // kernels that read extras were given theirs by `make_extras`).
+        match dtype {
+            DType::Q4K | DType::Q5K => qdot_i8::q4_k_order(q, d, isa.k4_crossed()),
+            DType::Q6K => qdot_i8::q6_k_order(q),
+            // Whole runs of eight blocks only, the last blocks as they are.
+            DType::Q4_0 => qdot_i8::blocks8_order(q),
+            _ => {}
+        }
     });
-    // The activation order of the kernels that pair scale groups in one register (the kernels
-    // that read extras were given theirs above).
-    match dtype {
-        _ if with_extras => {}
-        DType::Q4K | DType::Q5K => qdot_i8::q4_k_order(&mut q, &mut d, isa.k4_crossed()),
-        DType::Q6K => qdot_i8::q6_k_order(&mut q),
-        // Per token: whole runs of eight blocks only, the last blocks as they are.
-        DType::Q4_0 => q.chunks_exact_mut(kp).for_each(qdot_i8::blocks8_order),
-        _ => {}
-    }
-    Int8 { q, d, extras }
+    drop(qd);
+    Int8 { q, d, extras: with_extras.then_some(e) }
 }
 
 /// A zeroed buffer whose first element sits on a 64-byte boundary. The kernels read activations
