@@ -160,8 +160,8 @@ impl<'a> Prepared<'a> {
             let apb = qdot::aux_per_block(dtype);
             let mut aux = Aligned::zeroed(n * blocks * apb);
             if let Some(g) = be.checked_div(apb) {
-                let mut tokens: Vec<usize> = (0..n).collect();
-                per_token(n, &mut aux, blocks * apb, &mut tokens, 1, |t, sums, _| {
+                let mut tokens: Vec<&mut [f32]> = aux.chunks_mut(blocks * apb).collect();
+                per_token(&mut tokens, |t, sums| {
                     // SAFETY: the level checked above implies AVX; every type with sums has
                     // sub-blocks of 16 or 32 values.
                     unsafe { sub_block_sums(&xv[t * xs..][..kp], g, sums) };
@@ -376,18 +376,15 @@ unsafe fn sub_block_sums(x: &[f32], g: usize, sums: &mut [f32]) {
 #[cfg(target_arch = "x86_64")]
 const PARALLEL_TOKENS: usize = 64;
 
-/// Runs `f(t, chunks of t)` for every token `t` of `n`, over the rayon pool this thread works
+/// Runs `f(t, &mut tokens[t])` for every token's slices, over the rayon pool this thread works
 /// in where there are [`PARALLEL_TOKENS`] or more (the same work per token either way).
 #[cfg(target_arch = "x86_64")]
-fn per_token<A: Send, B: Send, F>(n: usize, a: &mut [A], la: usize, b: &mut [B], lb: usize, f: F)
-where
-    F: Fn(usize, &mut [A], &mut [B]) + Sync,
-{
-    if n >= PARALLEL_TOKENS && rayon::current_thread_index().is_some() {
+fn per_token<T: Send, F: Fn(usize, &mut T) + Sync>(tokens: &mut [T], f: F) {
+    if tokens.len() >= PARALLEL_TOKENS && rayon::current_thread_index().is_some() {
         use rayon::prelude::*;
-        a.par_chunks_mut(la).zip(b.par_chunks_mut(lb)).take(n).enumerate().for_each(|(t, (a, b))| f(t, a, b));
+        tokens.par_iter_mut().enumerate().for_each(|(t, v)| f(t, v));
     } else {
-        a.chunks_mut(la).zip(b.chunks_mut(lb)).take(n).enumerate().for_each(|(t, (a, b))| f(t, a, b));
+        tokens.iter_mut().enumerate().for_each(|(t, v)| f(t, v));
     }
 }
 
@@ -398,12 +395,13 @@ fn int8_codes(x: &[f32], xs: usize, n: usize, kp: usize, dtype: DType, isa: crat
     use crate::kernels::x86::qdot_i8;
     let g = kp / qdot_i8::QK;
     let with_extras = isa.has_extras(dtype);
-    let (per, sums) = (if with_extras { isa.extras_len(dtype, kp) } else { 1 }, aux.len() / n);
-    let (mut q, mut d, mut e) = (Aligned::zeroed(n * kp), vec![0f32; n * g], Aligned::zeroed(n * per));
-    // Codes and scales per token together: `q` and `d` side by side in chunks, `e` split alike.
-    let mut qd: Vec<(&mut [i8], &mut [f32])> = q.chunks_mut(kp).zip(d.chunks_mut(g)).collect();
-    per_token(n, &mut qd, 1, &mut e, per, |t, qd, e| {
-        let (q, d) = &mut qd[0];
+    let (per, sums) = (if with_extras { isa.extras_len(dtype, kp) } else { 0 }, aux.len() / n);
+    // Chunks of at least one value, so every token has one (a row shorter than one of MXFP4's
+    // 512-bit steps has no extras).
+    let (mut q, mut d, mut e) = (Aligned::zeroed(n * kp), vec![0f32; n * g], Aligned::zeroed(n * per.max(1)));
+    let mut tokens: Vec<_> = q.chunks_mut(kp).zip(d.chunks_mut(g)).zip(e.chunks_mut(per.max(1))).collect();
+    per_token(&mut tokens, |t, ((q, d), e)| {
+        let e = &mut e[..per];
         // SAFETY: `Prepared::new` confirmed AVX2/FMA/F16C; `kp` is a multiple of every int8
         // type's block, itself a multiple of QK, and the slices are sized so.
         unsafe { qdot_i8::quantize(&x[t * xs..][..kp], q, d) };
@@ -421,7 +419,7 @@ fn int8_codes(x: &[f32], xs: usize, n: usize, kp: usize, dtype: DType, isa: crat
             _ => {}
         }
     });
-    drop(qd);
+    drop(tokens);
     Int8 { q, d, extras: with_extras.then_some(e) }
 }
 
