@@ -16,8 +16,10 @@
 //! activation scales laid out per lane in [`extras`]) in one conversion, one multiply and one
 //! multiply-add. The kernel that summed a step's 64 codes in their natural order (four lanes a
 //! sub-block) took each token four conversions, four multiplies and four multiply-adds a block;
-//! one warm thread, GFLOP/s at 1/2/4/16/512 tokens: 69–74/87–92/109–112/111–112/103–105 →
-//! 70–71/110–118/151–153/152–156/135–139.
+//! one warm thread, GFLOP/s at 1/2/4/16/512 tokens, alternating runs:
+//! 68–74/87–92/108–112/106–112/100–105 → 65–71/110–118/149–153/152–156/135–145. One token
+//! pays the eight unpacks on the shuffle port about what it saves in conversions and
+//! multiply-adds (within a few per cent, either way between runs).
 //!
 //! The offset term `32·d·Σ sc_i·S_i` uses the exact activation sums `S_i` as every Q6_K
 //! kernel does, one multiply-add a token and block (the lanes' `32·S_i` from [`extras`]); the
