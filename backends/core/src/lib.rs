@@ -210,24 +210,10 @@ pub trait Backend: Send + Sync {
         if most == 0 || cols == 0 {
             return Ok(());
         }
-        // Every part's shape before the first addition, so that an error changes nothing.
-        let acc_rows = acc.len() / cols;
-        let mut xs = Vec::with_capacity(parts.len());
-        for p in parts {
-            let x = p.rows.len().checked_mul(cols).and_then(|n| p.x.get(..n)).ok_or_else(|| {
-                BackendError::Shape(format!("scatter of {} rows × {cols} from {} values", p.rows.len(), p.x.len()))
-            })?;
-            if p.rows.len() != p.scales.len() {
-                return Err(BackendError::Shape(format!("{} rows but {} scales", p.rows.len(), p.scales.len())));
-            }
-            if let Some(bad) = p.rows.iter().find(|&&r| r as usize >= acc_rows) {
-                return Err(BackendError::Shape(format!("row {bad} out of a {acc_rows}-row accumulator")));
-            }
-            xs.push(x);
-        }
+        HostRows::check(parts, acc.len(), cols)?;
         let mut y = self.alloc(DType::F32, most.saturating_mul(cols), BufferUsage::Scratch)?;
-        for (p, x) in parts.iter().zip(xs) {
-            self.upload(StreamId::COMPUTE, bytemuck::cast_slice(x), &mut y, 0)?;
+        for p in parts {
+            self.upload(StreamId::COMPUTE, bytemuck::cast_slice(&p.x[..p.rows.len() * cols]), &mut y, 0)?;
             self.scatter_add_rows(acc, &y, p.rows, p.scales, cols)?;
         }
         Ok(())

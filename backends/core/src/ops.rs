@@ -407,3 +407,25 @@ pub struct HostRows<'a> {
     /// The factor of each row of `x`.
     pub scales: &'a [f32],
 }
+
+impl HostRows<'_> {
+    /// Checks every part against an accumulator of `acc_len` values in rows of `cols`: `x`
+    /// long enough, as many scales as rows, every row inside. Backends check all parts
+    /// before the first addition, so that an error changes nothing.
+    pub fn check(parts: &[HostRows<'_>], acc_len: usize, cols: usize) -> crate::Result<()> {
+        let shape = |m: String| crate::BackendError::Shape(m);
+        let acc_rows = acc_len.checked_div(cols).unwrap_or(0);
+        for p in parts {
+            if p.rows.len().checked_mul(cols).is_none_or(|n| n > p.x.len()) {
+                return Err(shape(format!("scatter of {} rows × {cols} from {} values", p.rows.len(), p.x.len())));
+            }
+            if p.rows.len() != p.scales.len() {
+                return Err(shape(format!("{} rows but {} scales", p.rows.len(), p.scales.len())));
+            }
+            if let Some(bad) = p.rows.iter().find(|&&r| r as usize >= acc_rows) {
+                return Err(shape(format!("row {bad} out of a {acc_rows}-row accumulator")));
+            }
+        }
+        Ok(())
+    }
+}

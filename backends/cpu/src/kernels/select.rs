@@ -154,19 +154,8 @@ pub fn scatter_add_parts(pool: &rayon::ThreadPool, level: SimdLevel, acc: &mut [
     if cols == 0 || total == 0 {
         return Ok(());
     }
-    // Every part's shape first, as `scatter_add_rows` checks one (an error changes nothing).
-    for p in parts {
-        if p.rows.len() != p.scales.len() {
-            return Err(shape_err(format!("{} rows but {} scales", p.rows.len(), p.scales.len())));
-        }
-        if p.x.len() < need(p.rows.len(), cols, "scatter input")? {
-            return Err(shape_err(format!("scatter of {} rows × {cols} from {} values", p.rows.len(), p.x.len())));
-        }
-    }
+    HostRows::check(parts, acc.len(), cols)?;
     let acc_rows = acc.len() / cols;
-    if let Some(bad) = parts.iter().flat_map(|p| p.rows).find(|&&r| r as usize >= acc_rows) {
-        return Err(shape_err(format!("row {bad} out of a {acc_rows}-row accumulator")));
-    }
     if total.saturating_mul(cols) < PARALLEL_VALUES || pool.current_num_threads() < 2 {
         for p in parts {
             scatter_add_rows(level, acc, p.x, p.rows, p.scales, cols)?;

@@ -166,9 +166,10 @@ macro_rules! driver {
 driver!(plain_rows, super::Avx512Vnni, false, "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni");
 driver!(gfni_rows, super::Avx512Gfni, true, "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,gfni");
 
-/// [`super::kquants::dwords_4x4`] in each 256-bit half.
+/// [`super::kquants::dwords_4x4`] in each 256-bit half (each 128-bit piece: also
+/// [`super::q6_k_zmm`]'s transpose).
 #[inline(always)]
-unsafe fn dwords_4x4(c: [__m512i; 4]) -> [__m512i; 4] {
+pub(super) unsafe fn dwords_4x4(c: [__m512i; 4]) -> [__m512i; 4] {
     let (lo01, lo23) = (_mm512_unpacklo_epi32(c[0], c[1]), _mm512_unpacklo_epi32(c[2], c[3]));
     let (hi01, hi23) = (_mm512_unpackhi_epi32(c[0], c[1]), _mm512_unpackhi_epi32(c[2], c[3]));
     [

@@ -123,14 +123,7 @@ unsafe fn block<const G: bool, const N: usize>(j: &Job, p0: *const u8, b: usize,
     }
     // The 4 × 4 transpose of 32-bit words in each 128-bit piece: lane `4c + r` of `z[k]` is
     // word `k` of sub-block `4r + c` ([`SUB_OF_LANE`]).
-    let (lo01, lo23) = (_mm512_unpacklo_epi32(r[0], r[1]), _mm512_unpacklo_epi32(r[2], r[3]));
-    let (hi01, hi23) = (_mm512_unpackhi_epi32(r[0], r[1]), _mm512_unpackhi_epi32(r[2], r[3]));
-    let z = [
-        _mm512_unpacklo_epi64(lo01, lo23),
-        _mm512_unpackhi_epi64(lo01, lo23),
-        _mm512_unpacklo_epi64(hi01, hi23),
-        _mm512_unpackhi_epi64(hi01, hi23),
-    ];
+    let z = super::k4_pairs::dwords_4x4(r);
     for (t, a) in acc.iter_mut().enumerate() {
         let q = j.q.add(t * j.qs + b * BE);
         let x = j.aux.add(t * j.auxs + b * EXTRAS);
